@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Install what Streamwise needs on a fresh Debian machine: Java, Redis, the Python venv
+# (and, with --test, Chromium + ChromeDriver and PostgreSQL). Idempotent and quiet when
+# everything is already there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+pkgs=()
+command -v java >/dev/null 2>&1 || pkgs+=(openjdk-17-jre-headless)
+command -v redis-server >/dev/null 2>&1 || pkgs+=(redis-server)
+python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3-venv)
+if [ "$want_test" = 1 ]; then
+  [ -x /usr/bin/chromium ] || pkgs+=(chromium)
+  [ -x /usr/bin/chromedriver ] || pkgs+=(chromium-driver)
+  command -v pg_ctlcluster >/dev/null 2>&1 || pkgs+=(postgresql)
+fi
+if [ ${#pkgs[@]} -gt 0 ]; then
+  echo "bootstrap: installing ${pkgs[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${pkgs[@]}" >/dev/null
+fi
+
+# The venv is rebuilt only when requirements.txt changes.
+stamp=.venv/.requirements.sha256
+sum=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; then
+  echo "bootstrap: installing Python dependencies into .venv"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -r requirements.txt
+  echo "$sum" > "$stamp"
+fi

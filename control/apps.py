@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class ControlConfig(AppConfig):
+    name = "control"
+    verbose_name = "Control"

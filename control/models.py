@@ -1,0 +1,61 @@
+"""QoS policies: what operators ask of a run."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from control.strategies import STRATEGIES
+
+MAX_WORKERS_LIMIT = 64
+
+
+class Policy(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    latency_bound_ms = models.FloatField(
+        "p95 latency bound (ms)",
+        validators=[MinValueValidator(1.0), MaxValueValidator(3_600_000.0)],
+        help_text="Upper bound on the 95th percentile end-to-end latency.")
+    throughput_floor_rps = models.FloatField(
+        "throughput floor (records/s)", default=0.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(1e9)])
+    power_budget_w = models.FloatField(
+        "power budget (W)", validators=[MinValueValidator(0.1), MaxValueValidator(100_000.0)])
+    control_step_s = models.FloatField(
+        "control step (s)", default=2.0,
+        validators=[MinValueValidator(0.5), MaxValueValidator(3600.0)])
+    min_workers = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(MAX_WORKERS_LIMIT)])
+    max_workers = models.PositiveIntegerField(
+        default=2, validators=[MinValueValidator(1), MaxValueValidator(MAX_WORKERS_LIMIT)])
+    initial_workers = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(MAX_WORKERS_LIMIT)])
+    strategy = models.CharField(max_length=40, choices=sorted(STRATEGIES.items()),
+                                default="manual")
+    strategy_params = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "policies"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.min_workers and self.max_workers and self.min_workers > self.max_workers:
+            errors["max_workers"] = "must be at least min workers"
+        if self.initial_workers and self.max_workers and self.min_workers and not (
+                self.min_workers <= self.initial_workers <= self.max_workers):
+            errors["initial_workers"] = (f"must be between min ({self.min_workers}) and "
+                                         f"max ({self.max_workers}) workers")
+        if not isinstance(self.strategy_params, dict):
+            errors["strategy_params"] = "must be a JSON object, e.g. {} or {\"horizon\": 2}"
+        if errors:
+            raise ValidationError(errors)

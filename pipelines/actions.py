@@ -1,0 +1,175 @@
+"""Domain actions on pipelines and runs. Views, tasks, the relay and the reconciler
+call these; each writes an audit event (RunEvent) and pushes the change to the run's
+live clients (Channels group ``run-<id>``)."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from datetime import timezone as dt_timezone
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+from django.utils import timezone
+
+from control.models import Policy
+from pipelines.models import (
+    TRANSITIONS,
+    MetricSample,
+    Pipeline,
+    PipelineVersion,
+    Run,
+    RunEvent,
+    RunStatus,
+)
+
+log = logging.getLogger(__name__)
+
+# The wire format of a metric sample (browser and WebSocket tests read these names).
+SAMPLE_FIELDS = ("batch_id", "input_rows", "records", "input_rate", "scheduled_rate",
+                 "output_rate", "batch_duration_ms", "latency_p50_ms", "latency_p95_ms",
+                 "latency_p99_ms", "latency_max_ms", "workers", "frequency_ghz", "power_w",
+                 "state_rows")
+
+
+def group_name(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+def push(run_id: int, message: dict[str, Any]) -> None:
+    """Send to the run's live clients; a push failure never breaks the action."""
+    try:
+        async_to_sync(get_channel_layer().group_send)(group_name(run_id), message)
+    except Exception:  # Redis down: the DB has it, clients catch up on reconnect
+        log.warning("push to run %s failed", run_id, exc_info=True)
+
+
+def actor_for(user: Any) -> str:
+    return f"user:{user.get_username()}" if user is not None else "system"
+
+
+# ----------------------------------------------------------------------- pipelines
+@transaction.atomic
+def save_pipeline(pipeline: Pipeline, user: Any) -> Pipeline:
+    """Create or update a pipeline; a changed definition becomes a new version."""
+    if pipeline.pk is None:
+        pipeline.version = 1
+        pipeline.created_by = user
+        pipeline.save()
+    else:
+        current = PipelineVersion.objects.filter(pipeline=pipeline,
+                                                 version=pipeline.version).first()
+        if current is not None and current.definition != pipeline.definition:
+            pipeline.version += 1
+        pipeline.save()
+    PipelineVersion.objects.get_or_create(
+        pipeline=pipeline, version=pipeline.version,
+        defaults={"definition": pipeline.definition, "created_by": user})
+    return pipeline
+
+
+# ---------------------------------------------------------------------------- runs
+def record_event(run: Run, kind: str, actor: str, message: str = "",
+                 payload: dict[str, Any] | None = None, source_id: str = "") -> RunEvent | None:
+    if source_id and RunEvent.objects.filter(run=run, source_id=source_id).exists():
+        return None
+    event = RunEvent.objects.create(run=run, kind=kind, actor=actor, message=message,
+                                    payload=payload or {}, source_id=source_id)
+    push(run.pk, {"type": "run.event", "event": event.as_dict()})
+    return event
+
+
+def run_state(run: Run) -> dict[str, Any]:
+    return {"id": run.pk, "status": run.status, "reason": run.status_reason,
+            "workers": run.workers, "frequency_ghz": run.frequency_ghz,
+            "key_groups": run.key_groups, "spark_app_id": run.spark_app_id}
+
+
+def transition(run: Run, to: str, actor: str, reason: str = "",
+               **fields: Any) -> bool:
+    """Move ``run`` to status ``to`` if the lifecycle allows it from its current status.
+
+    The update is conditional on the status read (compare-and-set), so concurrent
+    writers (relay, reconciler, tasks) cannot move a run backwards.
+    """
+    allowed_from = [src for src, targets in TRANSITIONS.items() if to in targets]
+    now = timezone.now()
+    updates: dict[str, Any] = {"status": to, **fields}
+    if reason:
+        updates["status_reason"] = reason
+    if to == RunStatus.RUNNING:
+        updates.setdefault("started_at", now)
+    if to in (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST):
+        updates["ended_at"] = now
+    changed = Run.objects.filter(pk=run.pk, status__in=allowed_from).update(**updates)
+    run.refresh_from_db()
+    if changed:
+        record_event(run, f"status:{to}", actor, reason or f"status is now {to}")
+        push(run.pk, {"type": "run.status", "run": run_state(run)})
+    return bool(changed)
+
+
+def update_config(run: Run, **fields: Any) -> None:
+    Run.objects.filter(pk=run.pk).update(**fields)
+    run.refresh_from_db()
+    push(run.pk, {"type": "run.status", "run": run_state(run)})
+
+
+def create_run(pipeline: Pipeline, policy: Policy, user: Any) -> Run:
+    """Create a run of the pipeline's current version and queue its start."""
+    from pipelines import tasks
+
+    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                             created_by=user, workers=0,
+                             key_groups=int(pipeline.definition.get("key_groups", 8)))
+    record_event(run, "created", actor_for(user),
+                 f"run of {pipeline.name} v{pipeline.version} under policy {policy.name}")
+    transaction.on_commit(lambda: tasks.start_run.delay(run.pk, actor_for(user)))
+    return run
+
+
+def request_stop(run: Run, user: Any) -> None:
+    from pipelines import tasks
+
+    record_event(run, "stop_requested", actor_for(user))
+    transaction.on_commit(lambda: tasks.stop_run.delay(run.pk, actor_for(user)))
+
+
+def request_workers(run: Run, workers: int, user: Any) -> None:
+    from pipelines import tasks
+
+    record_event(run, "reconfigure_requested", actor_for(user), f"set workers to {workers}",
+                 {"workers": workers})
+    transaction.on_commit(
+        lambda: tasks.reconfigure_run.delay(run.pk, {"workers": workers}, actor_for(user)))
+
+
+# ------------------------------------------------------------------------- metrics
+def sample_from_record(record: dict[str, Any]) -> dict[str, Any]:
+    """Wire dict (pushed to browsers) for a runner metrics record."""
+    wire = {k: record.get(k) for k in SAMPLE_FIELDS}
+    wire["t"] = record["t"]
+    wire["written_at"] = record.get("written_at")
+    wire["power_measured"] = record.get("power_source") == "measured"
+    return wire
+
+
+def sample_to_wire(sample: MetricSample) -> dict[str, Any]:
+    wire = {k: getattr(sample, k) for k in SAMPLE_FIELDS}
+    wire["t"] = sample.t.timestamp()
+    wire["power_measured"] = sample.power_measured
+    return wire
+
+
+def store_samples(run_id: int, wires: list[dict[str, Any]]) -> None:
+    rows = []
+    for w in wires:
+        fields = {k: w.get(k) for k in SAMPLE_FIELDS}
+        fields["workers"] = fields.get("workers") or 0
+        fields["input_rows"] = fields.get("input_rows") or 0
+        fields["records"] = fields.get("records") or 0
+        rows.append(MetricSample(run_id=run_id, power_measured=bool(w.get("power_measured")),
+                                 t=datetime.fromtimestamp(w["t"], tz=dt_timezone.utc),
+                                 **fields))
+    MetricSample.objects.bulk_create(rows, ignore_conflicts=True)

@@ -1,0 +1,143 @@
+"""Start the whole product on this machine and keep it in the foreground.
+
+Redis (a local one if none answers at REDIS_URL), migrations, the demo data, the
+embedded Spark standalone cluster, daphne, a Celery worker, celery beat and the relay.
+Ctrl-C (or SIGTERM) stops everything it started, by pid.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from pipelines.runtime import cluster
+
+
+def redis_answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def _raise_interrupt(*_args: object) -> None:
+    raise KeyboardInterrupt
+
+
+class Command(BaseCommand):
+    help = "Run Streamwise: web, worker, beat, relay and the embedded Spark cluster."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 8000)))
+        parser.add_argument("--password", default=os.environ.get("ADMIN_PASSWORD"))
+
+    def handle(self, *args, **options):
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        self.cluster_info = None
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self._start(options)
+            self._watch()
+        except KeyboardInterrupt:
+            self.stdout.write("\nstopping…")
+        finally:
+            self._stop_all()
+
+    def _start(self, options) -> None:
+        var = Path(settings.VAR_DIR)
+        logs = var / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        if not redis_answers(settings.REDIS_URL):
+            server = shutil.which("redis-server")
+            if server is None:
+                raise CommandError(f"no Redis answers at {settings.REDIS_URL} and redis-server "
+                                   "is not installed (make run installs it)")
+            port = redis.connection.parse_url(settings.REDIS_URL).get("port", 6379)
+            self._spawn("redis", [server, "--bind", "127.0.0.1", "--port", str(port),
+                                  "--save", "", "--appendonly", "no"], logs)
+            for _ in range(50):
+                if redis_answers(settings.REDIS_URL):
+                    break
+                time.sleep(0.1)
+            else:
+                raise CommandError("started redis-server but it does not answer")
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("seed_demo", password=options["password"])
+        if settings.SPARK_MASTER_URL == "embedded":
+            self.stdout.write("starting the embedded Spark cluster (≈10 s)…")
+            try:
+                self.cluster_info = cluster.start(Path(settings.SPARK_DIR))
+            except cluster.ClusterError as exc:
+                raise CommandError(str(exc)) from exc
+            self.stdout.write(f"Spark master {self.cluster_info.master_url} "
+                              f"(UI {self.cluster_info.master_web})")
+        py = sys.executable
+        manage = str(Path(settings.BASE_DIR) / "manage.py")
+        self._spawn("web", [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(options["port"]),
+                            "webapp.asgi:application"], logs)
+        self._spawn("worker", [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
+                               "--concurrency", "4", "-n", "streamwise@%h"], logs)
+        self._spawn("beat", [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
+                             "-s", str(var / "celerybeat-schedule")], logs)
+        self._spawn("relay", [py, manage, "relay"], logs)
+        self.stdout.write(self.style.SUCCESS(
+            f"\nStreamwise is up: http://127.0.0.1:{options['port']}/  (logs in {logs})\n"
+            "Ctrl-C stops everything."))
+
+    def _spawn(self, name: str, args: list[str], logs: Path) -> None:
+        out = open(logs / f"{name}.log", "ab")
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=settings.BASE_DIR, start_new_session=True)
+        self.procs.append((name, proc))
+
+    def _watch(self) -> None:
+        while True:
+            for name, proc in self.procs:
+                if proc.poll() is not None:
+                    raise CommandError(f"{name} exited with code {proc.returncode}; see "
+                                       f"{settings.VAR_DIR}/logs/{name}.log")
+            time.sleep(1)
+
+    def _stop_runs(self) -> None:
+        """Runners are detached from us (double fork): ask each active one to stop,
+        while the relay still runs to record the outcome."""
+        from pipelines.launch import process_state
+        from pipelines.models import ACTIVE_STATUSES, Run
+
+        pids = [pid for pid in Run.objects.filter(status__in=ACTIVE_STATUSES)
+                .values_list("runner_pid", flat=True) if process_state(pid) == "alive"]
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while pids and time.monotonic() < deadline:
+            pids = [p for p in pids if process_state(p) == "alive"]
+            time.sleep(0.5)
+        time.sleep(1)  # let the relay apply the runners' "stopped" events
+
+    def _stop_all(self) -> None:
+        try:
+            self._stop_runs()
+        except Exception as exc:
+            self.stderr.write(f"could not stop runs cleanly: {exc}")
+        for _name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for _name, proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self.cluster_info is not None:
+            cluster.stop(self.cluster_info)
+            (Path(settings.SPARK_DIR) / "cluster.json").unlink(missing_ok=True)

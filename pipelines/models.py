@@ -1,0 +1,185 @@
+"""Pipelines (versioned definitions), runs, their audit trail and their metrics."""
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from pipelines.runtime import definition as pdef
+
+
+def validate_definition(value: object) -> None:
+    try:
+        pdef.validate(value)
+    except pdef.DefinitionError as exc:
+        raise ValidationError(str(exc)) from exc
+
+
+class Pipeline(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    definition = models.JSONField(validators=[validate_definition])
+    version = models.PositiveIntegerField(default=1)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def current_version(self) -> PipelineVersion:
+        return self.versions.get(version=self.version)
+
+
+class PipelineVersion(models.Model):
+    """An immutable snapshot of a definition; runs point at one, so editing a
+    pipeline never changes what a past or running run executed."""
+
+    pipeline = models.ForeignKey(Pipeline, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    definition = models.JSONField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pipeline", "-version"]
+        constraints = [models.UniqueConstraint(fields=["pipeline", "version"],
+                                               name="unique_pipeline_version")]
+
+    def __str__(self) -> str:
+        return f"{self.pipeline.name} v{self.version}"
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+ACTIVE_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)
+TERMINAL_STATUSES = (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST)
+# Allowed lifecycle transitions (source -> targets); anything else is refused.
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    RunStatus.PENDING: (RunStatus.STARTING, RunStatus.STOPPED, RunStatus.FAILED),
+    RunStatus.STARTING: (RunStatus.RUNNING, RunStatus.STOPPING, RunStatus.STOPPED,
+                         RunStatus.FAILED, RunStatus.LOST),
+    RunStatus.RUNNING: (RunStatus.STOPPING, RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST),
+    RunStatus.STOPPING: (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST),
+}
+
+
+def new_bus_token() -> str:
+    return secrets.token_hex(4)
+
+
+class Run(models.Model):
+    pipeline_version = models.ForeignKey(PipelineVersion, on_delete=models.PROTECT,
+                                         related_name="runs")
+    policy = models.ForeignKey("control.Policy", on_delete=models.PROTECT, related_name="runs")
+    status = models.CharField(max_length=10, choices=RunStatus.choices,
+                              default=RunStatus.PENDING, db_index=True)
+    status_reason = models.TextField(blank=True)
+    spark_app_id = models.CharField(max_length=100, blank=True)
+    spark_ui_url = models.CharField(max_length=200, blank=True)
+    runner_pid = models.PositiveIntegerField(null=True, blank=True)
+    # Current configuration (what the runner last reported).
+    workers = models.PositiveIntegerField(default=0)
+    frequency_ghz = models.FloatField(null=True, blank=True)
+    key_groups = models.PositiveIntegerField(default=0)
+    checkpoint_dir = models.CharField(max_length=500, blank=True)
+    bus_token = models.CharField(max_length=16, default=new_bus_token, editable=False,
+                                 help_text="makes this run's Redis keys unique")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    launched_at = models.DateTimeField(null=True, blank=True,
+                                       help_text="when the runner process was spawned")
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.pipeline_version})"
+
+    @property
+    def bus_key(self) -> str:
+        return f"{self.pk}.{self.bus_token}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+class RunEvent(models.Model):
+    """Append-only audit trail of a run: who or what did what, when."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=40)
+    actor = models.CharField(max_length=100, help_text="user:<name>, runner, reconciler, ...")
+    message = models.TextField(blank=True)
+    payload = models.JSONField(default=dict, blank=True)
+    # Redis stream entry id for events relayed from the runner (dedupes re-reads).
+    source_id = models.CharField(max_length=40, blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+        constraints = [models.UniqueConstraint(
+            fields=["run", "source_id"], condition=~models.Q(source_id=""),
+            name="unique_relayed_event")]
+
+    def save(self, *args, **kwargs) -> None:
+        if self.pk is not None:
+            raise ValueError("RunEvent is append-only")
+        super().save(*args, **kwargs)
+
+    def as_dict(self) -> dict:
+        return {"id": self.pk, "at": self.at.isoformat(), "kind": self.kind, "actor": self.actor,
+                "message": self.message, "payload": self.payload}
+
+
+class MetricSample(models.Model):
+    """One micro-batch of a run, as measured by the runner (power may be modelled)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
+    t = models.DateTimeField(help_text="when the sink committed the batch")
+    batch_id = models.BigIntegerField()
+    input_rows = models.BigIntegerField(default=0)
+    records = models.BigIntegerField(default=0, help_text="records committed by the sink")
+    input_rate = models.FloatField(null=True, help_text="Spark's inputRowsPerSecond")
+    scheduled_rate = models.FloatField(null=True)
+    output_rate = models.FloatField(null=True)
+    batch_duration_ms = models.IntegerField(null=True)
+    latency_p50_ms = models.FloatField(null=True)
+    latency_p95_ms = models.FloatField(null=True)
+    latency_p99_ms = models.FloatField(null=True)
+    latency_max_ms = models.FloatField(null=True)
+    workers = models.PositiveIntegerField(default=0)
+    frequency_ghz = models.FloatField(null=True)
+    power_w = models.FloatField(null=True)
+    power_measured = models.BooleanField(default=False)
+    state_rows = models.BigIntegerField(null=True)
+
+    class Meta:
+        ordering = ["run", "batch_id"]
+        constraints = [models.UniqueConstraint(fields=["run", "batch_id"],
+                                               name="unique_run_batch")]
+        indexes = [models.Index(fields=["run", "t"])]

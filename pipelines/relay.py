@@ -1,0 +1,118 @@
+"""The relay: Redis streams of live runs -> Channels groups (push) and the DB (record).
+
+One asyncio loop XREADs the metrics and events streams of every run in ``runs:live``
+(blocking, so a record is forwarded as soon as the runner writes it), pushes first and
+stores second (latency to the browser does not wait for the database), and applies
+runner lifecycle events to the Run (``query_started`` -> running, ``stopped``,
+``failed``). Re-reading a stream after a restart is harmless: samples are unique per
+(run, batch) and relayed events per stream entry id.
+
+    python manage.py relay
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from pipelines import actions
+from pipelines.models import Run, RunStatus
+from pipelines.runtime import bus as busmod
+
+log = logging.getLogger(__name__)
+# On first sight of a run (e.g. relay restart) older samples are stored, not pushed.
+PUSH_MAX_AGE_S = 10.0
+
+
+def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> bool:
+    """Record a runner event and apply it to the run; True when the run has ended."""
+    run = Run.objects.get(pk=run_id)
+    kind = event.get("type", "unknown")
+    details = {k: v for k, v in event.items() if k not in ("type", "t")}
+    if kind == "runner_started":
+        actions.update_config(run, runner_pid=event.get("pid"))
+    elif kind == "session_started":
+        actions.update_config(run, spark_app_id=event.get("app_id", ""),
+                              spark_ui_url=event.get("spark_ui") or "")
+    elif kind == "query_started":
+        actions.transition(run, RunStatus.RUNNING, "runner", "streaming query started",
+                           workers=event.get("workers", 0),
+                           key_groups=event.get("key_groups", run.key_groups))
+    elif kind == "workers_changed":
+        actions.update_config(run, workers=event.get("workers", run.workers))
+    message = event.get("reason") or ", ".join(f"{k}={v}" for k, v in details.items())
+    actions.record_event(run, f"runner:{kind}", "runner", message, details, source_id=entry_id)
+    if kind == "stopped":
+        actions.transition(run, RunStatus.STOPPED, "runner", event.get("reason", "stopped"))
+        return True
+    if kind == "failed":
+        actions.transition(run, RunStatus.FAILED, "runner", event.get("reason", "failed"))
+        return True
+    return False
+
+
+class Relay:
+    def __init__(self, redis_url: str | None = None) -> None:
+        self.redis = aioredis.from_url(redis_url or settings.REDIS_URL, decode_responses=True)
+        self.layer = get_channel_layer()
+        self.cursors: dict[str, str] = {}
+        self.forwarded = 0
+
+    async def step(self, block_ms: int = 500) -> int:
+        """One XREAD round over all live runs; returns the entries handled."""
+        live = await self.redis.smembers(busmod.LIVE_SET)
+        streams: dict[str, str] = {}
+        for bus_key in live:
+            for key in (busmod.metrics_key(bus_key), busmod.events_key(bus_key)):
+                streams[key] = self.cursors.get(key, "0-0")
+        for key in [k for k in self.cursors if k not in streams]:
+            del self.cursors[key]
+        if not streams:
+            await asyncio.sleep(block_ms / 1000)
+            return 0
+        got = await self.redis.xread(streams, block=block_ms, count=1000)
+        handled = 0
+        for key, entries in got or []:
+            run_id = busmod.run_id_of(key)
+            first_sight = self.cursors.get(key, "0-0") == "0-0"
+            self.cursors[key] = entries[-1][0]
+            handled += len(entries)
+            if key.endswith(":metrics"):
+                await self._metrics(run_id, entries, first_sight)
+            else:
+                await self._events(run_id, key.split(":")[1], entries)
+        return handled
+
+    async def _metrics(self, run_id: int, entries: list, first_sight: bool) -> None:
+        wires = [actions.sample_from_record(json.loads(f["m"])) for _id, f in entries]
+        now = time.time()
+        fresh = [w for w in wires if not first_sight
+                 or now - (w.get("written_at") or 0) < PUSH_MAX_AGE_S]
+        if fresh:
+            await self.layer.group_send(actions.group_name(run_id),
+                                        {"type": "run.metrics", "samples": fresh})
+            self.forwarded += len(fresh)
+        await database_sync_to_async(actions.store_samples)(run_id, wires)
+
+    async def _events(self, run_id: int, bus_key: str, entries: list) -> None:
+        for entry_id, fields in entries:
+            ended = await database_sync_to_async(apply_runner_event)(run_id, entry_id,
+                                                            json.loads(fields["e"]))
+            if ended:
+                await self.redis.srem(busmod.LIVE_SET, bus_key)
+
+    async def run_forever(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            try:
+                await self.step()
+            except Exception:
+                log.exception("relay step failed; retrying in 1 s")
+                await asyncio.sleep(1)

@@ -1,0 +1,146 @@
+"""The runner contract on Redis (DESIGN.md §2). No Django import.
+
+Per run, keyed by its bus key ``<run id>.<token>`` (the token is unique per run, so a
+database that reuses a row id, as SQLite does after deletes, never meets an older
+run's streams or a late heartbeat):
+
+* ``run:<key>:metrics``  stream, one entry per micro-batch (field ``m``: JSON)
+* ``run:<key>:events``   stream, runner lifecycle events (field ``e``: JSON)
+* ``run:<key>:commands`` stream, commands for the runner (field ``c``: JSON with ``id``)
+* ``run:<key>:acks``     stream, one acknowledgement per command (field ``a``: JSON)
+* ``run:<key>:heartbeat`` key with a TTL, refreshed by the runner while it lives
+* ``runs:live``          set of bus keys whose streams the relay should follow
+
+Streams are capped (``MAXLEN ~``) so a forgotten run cannot fill Redis. JSON keeps the
+contract readable from ``redis-cli`` and from any language.
+"""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import redis
+
+HEARTBEAT_TTL_S = 10
+HEARTBEAT_EVERY_S = 2.0
+STREAM_MAXLEN = 20_000
+LIVE_SET = "runs:live"
+
+
+def metrics_key(bus_key: str) -> str:
+    return f"run:{bus_key}:metrics"
+
+
+def events_key(bus_key: str) -> str:
+    return f"run:{bus_key}:events"
+
+
+def commands_key(bus_key: str) -> str:
+    return f"run:{bus_key}:commands"
+
+
+def acks_key(bus_key: str) -> str:
+    return f"run:{bus_key}:acks"
+
+
+def heartbeat_key(bus_key: str) -> str:
+    return f"run:{bus_key}:heartbeat"
+
+
+def bus_key(run_id: int, token: str) -> str:
+    return f"{run_id}.{token}"
+
+
+def run_id_of(key: str) -> int:
+    """The run id in a bus key or a stream name (``run:<id>.<token>:metrics``)."""
+    return int(key.split(":")[1 if key.startswith("run:") else 0].split(".")[0])
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, decode_responses=True, socket_timeout=30,
+                                socket_connect_timeout=5, health_check_interval=30)
+
+
+class RunBus:
+    """One run's view of the bus, used by both the runner and the control plane."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self.r = client
+        self.key = key
+        self.run_id = run_id_of(key)
+
+    # ---------------------------------------------------------------- runner side
+    def publish_metrics(self, record: dict[str, Any]) -> str:
+        record = dict(record, run_id=self.run_id, written_at=time.time())
+        return self.r.xadd(metrics_key(self.key), {"m": json.dumps(record)},
+                           maxlen=STREAM_MAXLEN, approximate=True)
+
+    def publish_event(self, kind: str, **payload: Any) -> str:
+        body = {"type": kind, "t": time.time(), **payload}
+        return self.r.xadd(events_key(self.key), {"e": json.dumps(body)},
+                           maxlen=STREAM_MAXLEN, approximate=True)
+
+    def heartbeat(self, **payload: Any) -> None:
+        self.r.set(heartbeat_key(self.key), json.dumps({"t": time.time(), **payload}),
+                   ex=HEARTBEAT_TTL_S)
+
+    def clear_heartbeat(self) -> None:
+        self.r.delete(heartbeat_key(self.key))
+
+    def read_commands(self, last_id: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
+        got = self.r.xread({commands_key(self.key): last_id}, block=block_ms, count=16)
+        out = []
+        for _stream, entries in got or []:
+            for entry_id, fields in entries:
+                out.append((entry_id, json.loads(fields["c"])))
+        return out
+
+    def ack(self, command_id: str, ok: bool, message: str, **payload: Any) -> None:
+        body = {"command_id": command_id, "ok": ok, "message": message, "t": time.time(),
+                **payload}
+        self.r.xadd(acks_key(self.key), {"a": json.dumps(body)}, maxlen=STREAM_MAXLEN,
+                    approximate=True)
+
+    # --------------------------------------------------------- control-plane side
+    def send_command(self, name: str, **args: Any) -> str:
+        command_id = uuid.uuid4().hex
+        self.r.xadd(commands_key(self.key),
+                    {"c": json.dumps({"id": command_id, "name": name, "args": args,
+                                      "sent_at": time.time()})},
+                    maxlen=STREAM_MAXLEN, approximate=True)
+        return command_id
+
+    def wait_ack(self, command_id: str, timeout_s: float) -> dict[str, Any] | None:
+        """Block until the runner acknowledges ``command_id`` or the timeout passes."""
+        deadline = time.monotonic() + timeout_s
+        last = "0-0"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            got = self.r.xread({acks_key(self.key): last},
+                               block=max(1, int(min(remaining, 1.0) * 1000)), count=64)
+            for _stream, entries in got or []:
+                for entry_id, fields in entries:
+                    last = entry_id
+                    ack = json.loads(fields["a"])
+                    if ack.get("command_id") == command_id:
+                        return ack
+
+    def read_heartbeat(self) -> dict[str, Any] | None:
+        raw = self.r.get(heartbeat_key(self.key))
+        return json.loads(raw) if raw else None
+
+    def mark_live(self) -> None:
+        self.r.sadd(LIVE_SET, self.key)
+
+    def mark_done(self) -> None:
+        self.r.srem(LIVE_SET, self.key)
+
+    def reset(self) -> None:
+        """Forget every stream of this run (a fresh start of the same id)."""
+        self.r.delete(metrics_key(self.key), events_key(self.key),
+                      commands_key(self.key), acks_key(self.key),
+                      heartbeat_key(self.key))

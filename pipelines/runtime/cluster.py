@@ -1,0 +1,168 @@
+"""The embedded Spark standalone cluster: one master and one worker on 127.0.0.1.
+
+The pip ``pyspark`` package has ``bin/spark-class`` but no ``sbin/start-*.sh``, so the
+master and worker are started as ``spark-class`` processes (DESIGN.md appendix). The
+worker advertises more cores than the machine has: executors are 1-core and the
+product asks for as many as the policy allows (standalone does not pin cores).
+
+CLI::
+
+    python -m pipelines.runtime.cluster start --dir var/spark   # prints the master URL
+    python -m pipelines.runtime.cluster stop --dir var/spark
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pyspark
+
+HOST = "127.0.0.1"
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class ClusterInfo:
+    master_url: str
+    master_web: str
+    master_pid: int
+    worker_pid: int
+    worker_cores: int
+
+
+def spark_home() -> Path:
+    return Path(pyspark.__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex((HOST, port)) == 0
+
+
+def master_json(web_url: str) -> dict:
+    with urllib.request.urlopen(f"{web_url}/json/", timeout=3) as resp:
+        return json.loads(resp.read())
+
+
+def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log, "ab")
+    return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
+          port: int | None = None, timeout_s: float = 60.0) -> ClusterInfo:
+    """Start master + worker, wait until the worker is ALIVE in the master's JSON."""
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    web_port, worker_web = free_port(), free_port()
+    env = dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=HOST,
+               SPARK_WORKER_DIR=str(workdir / "work"), SPARK_LOG_DIR=str(workdir / "logs"),
+               PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    master = _spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
+                     "--port", str(port), "--webui-port", str(web_port)],
+                    workdir / "master.log", env)
+    url = f"spark://{HOST}:{port}"
+    worker = _spawn([spark_class, "org.apache.spark.deploy.worker.Worker", url,
+                     "--host", HOST, "--cores", str(worker_cores), "--memory", worker_memory,
+                     "--webui-port", str(worker_web), "--work-dir", str(workdir / "work")],
+                    workdir / "worker.log", env)
+    info = ClusterInfo(master_url=url, master_web=f"http://{HOST}:{web_port}",
+                       master_pid=master.pid, worker_pid=worker.pid, worker_cores=worker_cores)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc, name in ((master, "master"), (worker, "worker")):
+            if proc.poll() is not None:
+                stop(info)
+                raise ClusterError(f"Spark {name} exited with code {proc.returncode}; "
+                                   f"see {workdir / (name + '.log')}")
+        try:
+            if any(w.get("state") == "ALIVE" for w in master_json(info.master_web)["workers"]):
+                (workdir / "cluster.json").write_text(json.dumps(asdict(info)))
+                return info
+        except OSError:
+            pass
+        time.sleep(0.5)
+    stop(info)
+    raise ClusterError(f"Spark cluster not ready after {timeout_s:.0f}s; see {workdir}")
+
+
+def stop(info: ClusterInfo) -> None:
+    """Stop the worker (its executors die with it) and then the master; by pid only."""
+    for pid in (info.worker_pid, info.master_pid):
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        for _ in range(50):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def load(workdir: Path) -> ClusterInfo | None:
+    path = workdir / "cluster.json"
+    if not path.exists():
+        return None
+    return ClusterInfo(**json.loads(path.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipelines.runtime.cluster")
+    ap.add_argument("action", choices=["start", "stop", "status"])
+    ap.add_argument("--dir", default="var/spark", type=Path)
+    ap.add_argument("--cores", default=8, type=int)
+    ap.add_argument("--memory", default="8g")
+    ap.add_argument("--port", default=7077, type=int)
+    args = ap.parse_args(argv)
+    if args.action == "start":
+        try:
+            info = start(args.dir, args.cores, args.memory, args.port)
+        except ClusterError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(info.master_url)
+        return 0
+    info = load(args.dir)
+    if info is None:
+        print("no embedded cluster recorded in", args.dir, file=sys.stderr)
+        return 1
+    if args.action == "stop":
+        stop(info)
+        (args.dir / "cluster.json").unlink(missing_ok=True)
+        return 0
+    print(json.dumps(master_json(info.master_web), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

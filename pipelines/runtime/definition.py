@@ -1,0 +1,362 @@
+"""Pipeline definitions: validated JSON -> typed spec.
+
+A definition is a source, a chain of operators (exactly one keyed stateful operator,
+optionally preceded by stateless ``filter``/``map`` steps) and a sink::
+
+    {
+      "source": {"type": "generator", "seed": 7, "partitions": 2,
+                 "rate": {"kind": "constant", "records_per_s": 5000},
+                 "keys": {"kind": "zipf", "n": 1000, "s": 1.1}},
+      "operators": [
+        {"type": "filter", "field": "value", "op": "<", "value": 990},
+        {"type": "map", "field": "value", "fn": "scale", "arg": 1.5},
+        {"type": "keyed_aggregate", "key": "key", "agg": "count", "field": "value"}
+      ],
+      "sink": {"type": "latency"},
+      "key_groups": 8,
+      "trigger_ms": 0
+    }
+
+Errors name the place in the document (``operators[1].arg``) and what is wrong, so the
+form can show them next to the field and the runner can refuse a bad file with one line.
+No Spark and no Django import: this is shared by the web app and the runner.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.runtime import workload as wl
+
+RATE_KINDS = ("constant", "step", "sine", "random_walk", "trace")
+KEY_KINDS = ("uniform", "zipf", "file")
+FILTER_OPS = ("<", "<=", ">", ">=", "==", "!=")
+MAP_FNS = ("scale", "add", "abs", "square", "round")
+AGGREGATES = ("count", "sum", "max", "mean")
+FIELDS = ("key", "value")
+MAX_RATE = 50_000_000.0
+MAX_KEYS = 10_000_000
+MAX_KEY_GROUPS = 1024
+
+
+class DefinitionError(ValueError):
+    """A definition problem at ``path`` (JSON-pointer-like, e.g. ``source.rate.kind``)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+def data_root() -> Path:
+    """Where relative trace/distribution paths are resolved (the shipped data)."""
+    default = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+    return Path(os.environ.get("STREAMWISE_DATA_ROOT", str(default)))
+
+
+def resolve_data_path(name: str) -> Path:
+    p = Path(name)
+    return p if p.is_absolute() else data_root() / p
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    type: str
+    field: str = "value"
+    op: str = ""
+    value: float = 0.0
+    fn: str = ""
+    arg: float = 0.0
+    key: str = "key"
+    agg: str = "count"
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    seed: int
+    partitions: int
+    rate: dict[str, Any]
+    keys: dict[str, Any]
+    operators: tuple[OperatorSpec, ...]
+    sink: dict[str, Any]
+    key_groups: int
+    trigger_ms: int
+    max_records_per_batch: int
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def stateful(self) -> OperatorSpec:
+        return next(o for o in self.operators if o.type == "keyed_aggregate")
+
+    def schedule(self) -> wl.RateSchedule:
+        return build_schedule(self.rate, self.seed)
+
+    def key_distribution(self) -> wl.KeyDistribution:
+        return build_keys(self.keys)
+
+
+# ------------------------------------------------------------------------- helpers
+def _obj(doc: Any, path: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise DefinitionError(path, "must be an object")
+    return doc
+
+
+def _allowed(doc: dict[str, Any], path: str, allowed: set[str]) -> None:
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        where = f"{path}.{unknown[0]}" if path else unknown[0]
+        raise DefinitionError(where, f"unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def _choice(doc: dict[str, Any], key: str, path: str, choices: tuple[str, ...],
+            default: str | None = None) -> str:
+    if key not in doc:
+        if default is not None:
+            return default
+        raise DefinitionError(f"{path}.{key}", f"is required (one of: {', '.join(choices)})")
+    val = doc[key]
+    if val not in choices:
+        raise DefinitionError(f"{path}.{key}",
+                              f"{json.dumps(val)} is not one of: {', '.join(choices)}")
+    return str(val)
+
+
+def _number(doc: dict[str, Any], key: str, path: str, *, lo: float | None = None,
+            hi: float | None = None, default: float | None = None, integer: bool = False,
+            lo_open: bool = False) -> float:
+    where = f"{path}.{key}" if path else key
+    if key not in doc:
+        if default is not None:
+            return default
+        raise DefinitionError(where, "is required")
+    val = doc[key]
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
+        raise DefinitionError(where, f"must be a number, got {json.dumps(val)}")
+    if integer and int(val) != val:
+        raise DefinitionError(where, f"must be a whole number, got {val}")
+    if lo is not None and (val <= lo if lo_open else val < lo):
+        raise DefinitionError(where, f"must be {'>' if lo_open else '>='} {lo:g}, got {val:g}")
+    if hi is not None and val > hi:
+        raise DefinitionError(where, f"must be <= {hi:g}, got {val:g}")
+    return int(val) if integer else float(val)
+
+
+# -------------------------------------------------------------------------- builders
+def build_schedule(rate: dict[str, Any], seed: int) -> wl.RateSchedule:
+    """The rate schedule of a validated ``source.rate`` object."""
+    kind = rate["kind"]
+    if kind == "constant":
+        return wl.RateSchedule((float(rate["records_per_s"]),))
+    if kind == "step":
+        seconds: list[float] = []
+        steps = sorted(rate["steps"], key=lambda s: s[0])
+        for (at, r), nxt in zip(steps, steps[1:] + [None]):
+            length = (nxt[0] - at) if nxt else 1
+            seconds.extend([float(r)] * int(length))
+        first = steps[0][0]
+        return wl.RateSchedule(tuple([float(steps[0][1])] * int(first) + seconds))
+    if kind == "sine":
+        return wl.RateSchedule(tuple(wl.sine_rates(rate["base"], rate["amplitude"],
+                                                   int(rate["period_s"]))), tail="loop")
+    if kind == "random_walk":
+        return wl.RateSchedule(tuple(wl.random_walk_rates(
+            seed, rate["start"], rate["sigma"], rate["low"], rate["high"])), tail="loop")
+    # trace
+    scale = float(rate.get("scale", 1.0))
+    rates = [r * scale for r in wl.read_rate_trace(resolve_data_path(rate["file"]))]
+    return wl.RateSchedule(tuple(rates), tail="loop" if rate.get("repeat", True) else "hold")
+
+
+def build_keys(keys: dict[str, Any]) -> wl.KeyDistribution:
+    kind = keys["kind"]
+    if kind == "uniform":
+        return wl.uniform_keys(int(keys["n"]))
+    if kind == "zipf":
+        return wl.zipf_keys(int(keys["n"]), float(keys["s"]))
+    return wl.read_key_distribution(resolve_data_path(keys["file"]))
+
+
+# ------------------------------------------------------------------------ validation
+def _validate_rate(rate: dict[str, Any], path: str) -> dict[str, Any]:
+    kind = _choice(rate, "kind", path, RATE_KINDS)
+    out: dict[str, Any] = {"kind": kind}
+    if kind == "constant":
+        _allowed(rate, path, {"kind", "records_per_s"})
+        out["records_per_s"] = _number(rate, "records_per_s", path, lo=0, hi=MAX_RATE,
+                                       lo_open=True)
+    elif kind == "step":
+        _allowed(rate, path, {"kind", "steps"})
+        steps = rate.get("steps")
+        if not isinstance(steps, list) or not steps:
+            raise DefinitionError(f"{path}.steps", "must be a non-empty list of [second, rate]")
+        seen: set[float] = set()
+        clean = []
+        for i, step in enumerate(steps):
+            where = f"{path}.steps[{i}]"
+            if (not isinstance(step, list) or len(step) != 2
+                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                               for x in step)):
+                raise DefinitionError(where, "must be [second, rate] with two numbers")
+            at, r = step
+            if at < 0 or int(at) != at or at > 86_400:
+                raise DefinitionError(where, "second must be a whole number in 0..86400")
+            if at in seen:
+                raise DefinitionError(where, f"second {at} appears twice")
+            if not (0 <= r <= MAX_RATE) or not math.isfinite(r):
+                raise DefinitionError(where, f"rate must be in 0..{MAX_RATE:g}")
+            seen.add(at)
+            clean.append([int(at), float(r)])
+        if max(clean, key=lambda s: s[0])[1] <= 0:
+            raise DefinitionError(f"{path}.steps", "the last step's rate must be > 0")
+        out["steps"] = clean
+    elif kind == "sine":
+        _allowed(rate, path, {"kind", "base", "amplitude", "period_s"})
+        out["base"] = _number(rate, "base", path, lo=0, hi=MAX_RATE, lo_open=True)
+        out["amplitude"] = _number(rate, "amplitude", path, lo=0, hi=MAX_RATE)
+        out["period_s"] = _number(rate, "period_s", path, lo=2, hi=86_400, integer=True)
+    elif kind == "random_walk":
+        _allowed(rate, path, {"kind", "start", "sigma", "low", "high"})
+        out["low"] = _number(rate, "low", path, lo=0, hi=MAX_RATE, lo_open=True)
+        out["high"] = _number(rate, "high", path, lo=out["low"], hi=MAX_RATE)
+        out["start"] = _number(rate, "start", path, lo=out["low"], hi=out["high"])
+        out["sigma"] = _number(rate, "sigma", path, lo=0, hi=0.5)
+    else:
+        _allowed(rate, path, {"kind", "file", "scale", "repeat"})
+        name = rate.get("file")
+        if not isinstance(name, str) or not name:
+            raise DefinitionError(f"{path}.file", "must name a trace file ('SECOND RATE' lines)")
+        out["file"] = name
+        out["scale"] = _number(rate, "scale", path, lo=0, hi=1e6, lo_open=True, default=1.0)
+        repeat = rate.get("repeat", True)
+        if not isinstance(repeat, bool):
+            raise DefinitionError(f"{path}.repeat", "must be true or false")
+        out["repeat"] = repeat
+        try:
+            build_schedule(out, 0)
+        except wl.WorkloadError as exc:
+            raise DefinitionError(f"{path}.file", str(exc)) from exc
+    return out
+
+
+def _validate_keys(keys: dict[str, Any], path: str) -> dict[str, Any]:
+    kind = _choice(keys, "kind", path, KEY_KINDS)
+    out: dict[str, Any] = {"kind": kind}
+    if kind == "uniform":
+        _allowed(keys, path, {"kind", "n"})
+        out["n"] = _number(keys, "n", path, lo=1, hi=MAX_KEYS, integer=True)
+    elif kind == "zipf":
+        _allowed(keys, path, {"kind", "n", "s"})
+        out["n"] = _number(keys, "n", path, lo=1, hi=MAX_KEYS, integer=True)
+        out["s"] = _number(keys, "s", path, lo=0, hi=10)
+    else:
+        _allowed(keys, path, {"kind", "file"})
+        name = keys.get("file")
+        if not isinstance(name, str) or not name:
+            raise DefinitionError(f"{path}.file", "must name a key distribution file")
+        out["file"] = name
+        try:
+            build_keys(out)
+        except wl.WorkloadError as exc:
+            raise DefinitionError(f"{path}.file", str(exc)) from exc
+    return out
+
+
+def _validate_operator(op: Any, path: str) -> OperatorSpec:
+    op = _obj(op, path)
+    kind = _choice(op, "type", path, ("filter", "map", "keyed_aggregate"))
+    if kind == "filter":
+        _allowed(op, path, {"type", "field", "op", "value"})
+        return OperatorSpec(type=kind, field=_choice(op, "field", path, FIELDS),
+                            op=_choice(op, "op", path, FILTER_OPS),
+                            value=_number(op, "value", path))
+    if kind == "map":
+        _allowed(op, path, {"type", "field", "fn", "arg"})
+        field_ = _choice(op, "field", path, ("value",), default="value")
+        fn = _choice(op, "fn", path, MAP_FNS)
+        arg = _number(op, "arg", path, default=0.0) if fn in ("scale", "add", "round") else 0.0
+        if fn == "round" and not (0 <= arg <= 12 and int(arg) == arg):
+            raise DefinitionError(f"{path}.arg", "round takes a whole number of digits 0..12")
+        return OperatorSpec(type=kind, field=field_, fn=fn, arg=arg)
+    _allowed(op, path, {"type", "key", "agg", "field"})
+    return OperatorSpec(type=kind, key=_choice(op, "key", path, ("key",), default="key"),
+                        agg=_choice(op, "agg", path, AGGREGATES, default="count"),
+                        field=_choice(op, "field", path, ("value",), default="value"))
+
+
+def validate(doc: Any) -> PipelineSpec:
+    """Validate a parsed definition; raise :class:`DefinitionError` on the first problem."""
+    doc = _obj(doc, "")
+    _allowed(doc, "", {"source", "operators", "sink", "key_groups", "trigger_ms",
+                       "max_records_per_batch"})
+    if "source" not in doc:
+        raise DefinitionError("source", "is required")
+    src = _obj(doc["source"], "source")
+    _allowed(src, "source", {"type", "seed", "partitions", "rate", "keys"})
+    _choice(src, "type", "source", ("generator",), default="generator")
+    seed = _number(src, "seed", "source", lo=0, hi=2**62, integer=True, default=0)
+    partitions = _number(src, "partitions", "source", lo=1, hi=64, integer=True, default=2)
+    if "rate" not in src:
+        raise DefinitionError("source.rate", "is required")
+    rate = _validate_rate(_obj(src["rate"], "source.rate"), "source.rate")
+    keys = _validate_keys(_obj(src.get("keys", {"kind": "uniform", "n": 100}), "source.keys"),
+                          "source.keys")
+
+    ops_doc = doc.get("operators")
+    if not isinstance(ops_doc, list) or not ops_doc:
+        raise DefinitionError("operators", "must be a non-empty list")
+    ops = tuple(_validate_operator(op, f"operators[{i}]") for i, op in enumerate(ops_doc))
+    stateful = [i for i, o in enumerate(ops) if o.type == "keyed_aggregate"]
+    if len(stateful) != 1:
+        raise DefinitionError("operators", "needs exactly one keyed_aggregate (the keyed "
+                              f"stateful operator); found {len(stateful)}")
+    if stateful[0] != len(ops) - 1:
+        raise DefinitionError(f"operators[{stateful[0]}]",
+                              "keyed_aggregate must be the last operator before the sink")
+
+    sink = _obj(doc.get("sink", {"type": "latency"}), "sink")
+    _allowed(sink, "sink", {"type"})
+    _choice(sink, "type", "sink", ("latency",), default="latency")
+
+    key_groups = _number(doc, "key_groups", "", lo=1, hi=MAX_KEY_GROUPS, integer=True,
+                         default=8)
+    trigger_ms = _number(doc, "trigger_ms", "", lo=0, hi=3_600_000, integer=True, default=0)
+    max_rows = _number(doc, "max_records_per_batch", "", lo=1, hi=100_000_000, integer=True,
+                       default=2_000_000)
+    clean = {"source": {"type": "generator", "seed": seed, "partitions": partitions,
+                        "rate": rate, "keys": keys},
+             "operators": ops_doc, "sink": {"type": "latency"}, "key_groups": key_groups,
+             "trigger_ms": trigger_ms, "max_records_per_batch": max_rows}
+    return PipelineSpec(seed=int(seed), partitions=int(partitions), rate=rate, keys=keys,
+                        operators=ops, sink={"type": "latency"}, key_groups=int(key_groups),
+                        trigger_ms=int(trigger_ms), max_records_per_batch=int(max_rows),
+                        raw=clean)
+
+
+def parse(text: str) -> PipelineSpec:
+    """Parse JSON text and validate it; JSON syntax errors name line and column."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DefinitionError("", f"invalid JSON at line {exc.lineno}, column {exc.colno}: "
+                              f"{exc.msg}") from exc
+    return validate(doc)
+
+
+DEMO_DEFINITION: dict[str, Any] = {
+    "source": {"type": "generator", "seed": 7, "partitions": 2,
+               "rate": {"kind": "sine", "base": 2000, "amplitude": 1000, "period_s": 60},
+               "keys": {"kind": "file", "file": "elastic-hft/probability_distribution"}},
+    "operators": [
+        {"type": "filter", "field": "value", "op": "<", "value": 995},
+        {"type": "map", "field": "value", "fn": "scale", "arg": 1.01},
+        {"type": "keyed_aggregate", "key": "key", "agg": "count", "field": "value"},
+    ],
+    "sink": {"type": "latency"},
+    "key_groups": 8,
+    "trigger_ms": 0,
+}

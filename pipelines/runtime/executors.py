@@ -1,0 +1,67 @@
+"""Executor (worker) control for a running application, through the driver's JVM.
+
+Facts this relies on (DESIGN.md appendix, pyspark 4.3, standalone cluster):
+
+* ``requestTotalExecutors(n, 0, emptyMap)`` raises the target; lowering it kills nothing.
+* ``spark.cores.max`` is launched at application start, so a run starts with its
+  maximum and releases down to its initial size before the query starts.
+* Graceful scale-down is ``schedulerBackend.decommissionExecutor(id, info, true, false)``
+  with the decommission settings the runner enables; the executor exits in ~6 s.
+
+The foundation releases the newest executors first. Moving key groups off an executor
+before it is decommissioned (so no state is lost to a reload) is the elastic runtime's
+job (issue 6); until then the next micro-batch reloads the moved state partitions
+from the checkpoint, which is correct but slower.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+class ExecutorControl:
+    def __init__(self, spark: Any) -> None:
+        self.sc = spark.sparkContext
+        self.jsc = self.sc._jsc.sc()
+        self.jvm = self.sc._jvm
+
+    def ids(self) -> list[str]:
+        """Executors registered with the driver now (the driver itself excluded)."""
+        joined = self.jsc.getExecutorIds().mkString(",")
+        ids = [x for x in joined.split(",") if x]
+        return sorted(ids, key=lambda x: (len(x), x))
+
+    def request_total(self, n: int) -> bool:
+        return bool(self.jsc.requestTotalExecutors(n, 0, self.jvm.PythonUtils.toScalaMap({})))
+
+    def decommission(self, executor_id: str, reason: str) -> bool:
+        info_cls = self.jvm.org.apache.spark.scheduler.ExecutorDecommissionInfo
+        info = info_cls.apply(reason, self.jvm.scala.Option.apply(None))
+        backend = self.jsc.schedulerBackend()
+        return bool(backend.decommissionExecutor(executor_id, info, True, False))
+
+    def wait_for(self, n: int, timeout_s: float, exact: bool = False) -> list[str]:
+        """Wait until at least ``n`` (or exactly ``n``) executors are registered."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ids = self.ids()
+            if (len(ids) == n) if exact else (len(ids) >= n):
+                return ids
+            if time.monotonic() >= deadline:
+                return ids
+            time.sleep(0.25)
+
+    def start_scaling(self, n: int) -> tuple[list[str], list[str]]:
+        """Ask for ``n`` executors now without waiting: raise the target, or decommission
+        the newest extras. Returns (executors before, executors decommissioned)."""
+        before = self.ids()
+        if n > len(before):
+            self.request_total(n)
+            return before, []
+        return before, [v for v in reversed(before[n:])
+                        if self.decommission(v, f"streamwise: scale to {n} workers")]
+
+    def scale_to(self, n: int, timeout_s: float = 60.0) -> tuple[list[str], list[str]]:
+        """Reach ``n`` executors; returns (executors now, executors decommissioned)."""
+        _before, released = self.start_scaling(n)
+        return self.wait_for(n, timeout_s, exact=True), released

@@ -1,0 +1,118 @@
+"""Compile a pipeline definition into a Structured Streaming query and its sink.
+
+Plan: generator source -> stateless ``filter``/``map`` steps (Spark column expressions,
+no Python crossing) -> an observation point -> the keyed stateful operator (Spark's
+native streaming aggregation, ``update`` mode) -> latency sink (``foreachBatch``).
+The stateful operator's state partitions are the key groups
+(``spark.sql.shuffle.partitions`` = G, DESIGN.md §3).
+
+Per-record end-to-end latency (DESIGN.md §4). Every record carries its scheduled
+emission time ``emit_ts``. The records that enter the keyed operator in micro-batch b
+are exactly the records whose effect the sink commits at the end of b, so record i's
+latency is ``t_commit(b) - emit_ts(i)``. Spark's observed metrics
+(``DataFrame.observe``) give, per batch, the count and the emission-time quantiles of
+those records; the sink stamps ``t_commit`` when its write finished. Because
+``t_commit`` is one instant per batch the latency quantiles mirror the emission-time
+quantiles: p95 latency = t_commit - (5th percentile of emit_ts), p99 uses the 1st,
+max uses the minimum. ``percentile_approx`` with accuracy 10,000 bounds the rank error
+to 0.01 % of the batch.
+
+Why not a Python stateful operator emitting one row per record (measured on this
+machine, local[2], 2,000 records/s): native aggregation 1.0 s per micro-batch vs
+1.75 s for ``transformWithStateInPandas``; the native operator is also what the
+state-store placement of the elastic runtime acts on.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipelines.runtime import definition
+from pipelines.runtime.source import SOURCE_NAME, GeneratorDataSource, source_options
+
+OBSERVATION = "sw_latency"
+# percentile_approx accuracy: rank error <= 1/ACCURACY of the batch's rows.
+PERCENTILE_ACCURACY = 10_000
+
+_COMPARE: dict[str, Callable[[Column, float], Column]] = {
+    "<": lambda c, v: c < v, "<=": lambda c, v: c <= v, ">": lambda c, v: c > v,
+    ">=": lambda c, v: c >= v, "==": lambda c, v: c == v, "!=": lambda c, v: c != v,
+}
+
+
+def _apply_stateless(df: DataFrame, op: definition.OperatorSpec) -> DataFrame:
+    if op.type == "filter":
+        return df.where(_COMPARE[op.op](F.col(op.field), op.value))
+    col = F.col(op.field)
+    expr = {"scale": lambda: col * op.arg, "add": lambda: col + op.arg,
+            "abs": lambda: F.abs(col), "square": lambda: col * col,
+            "round": lambda: F.round(col, int(op.arg))}[op.fn]()
+    return df.withColumn(op.field, expr.cast("double"))
+
+
+def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float) -> DataFrame:
+    """The output stream of a pipeline (before the sink): one row per updated key."""
+    spark.dataSource.register(GeneratorDataSource)
+    df = spark.readStream.format(SOURCE_NAME).options(**source_options(spec, t0)).load()
+    for op in spec.operators:
+        if op.type != "keyed_aggregate":
+            df = _apply_stateless(df, op)
+    df = df.observe(
+        OBSERVATION,
+        F.count(F.lit(1)).alias("records"),
+        F.min("emit_ts").alias("first_emit"),
+        F.percentile_approx("emit_ts", [0.01, 0.05, 0.5], PERCENTILE_ACCURACY).alias("q"),
+    )
+    stateful = spec.stateful
+    value = F.col(stateful.field)
+    agg = {"count": F.count(F.lit(1)), "sum": F.sum(value), "max": F.max(value),
+           "mean": F.avg(value)}[stateful.agg]
+    return df.groupBy(stateful.key).agg(agg.cast("double").alias("agg"),
+                                        F.count(F.lit(1)).alias("records"))
+
+
+@dataclass
+class BatchCommit:
+    """What the sink saw for one micro-batch."""
+
+    batch_id: int
+    output_rows: int  # rows written by the sink (updated keys)
+    started_at: float
+    committed_at: float
+
+
+def latency_quantiles(observed: dict[str, Any], committed_at: float) -> dict[str, float | None]:
+    """Latency p50/p95/p99/max (ms) of a batch's records from its observed metrics."""
+    q = observed.get("q")
+    if not observed.get("records") or not q:
+        return {"p50": None, "p95": None, "p99": None, "max": None}
+    q01, q05, q50 = q
+    return {"p50": (committed_at - q50) * 1000.0, "p95": (committed_at - q05) * 1000.0,
+            "p99": (committed_at - q01) * 1000.0,
+            "max": (committed_at - observed["first_emit"]) * 1000.0}
+
+
+class LatencySink:
+    """``foreachBatch`` function: writes the batch and stamps its commit time.
+
+    ``batch_lock`` is held while a batch is being written, so commands that must run
+    *between* micro-batches (DESIGN.md §2) take the lock first.
+    """
+
+    def __init__(self, on_commit: Callable[[BatchCommit], None]) -> None:
+        self.on_commit = on_commit
+        self.batch_lock = threading.Lock()
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        with self.batch_lock:
+            started = time.time()
+            rows = batch_df.count()
+            committed = time.time()
+        self.on_commit(BatchCommit(batch_id=batch_id, output_rows=int(rows),
+                                   started_at=started, committed_at=committed))

@@ -1,0 +1,14 @@
+from django.urls import path
+
+from pipelines import views
+
+urlpatterns = [
+    path("pipelines/", views.pipeline_list, name="pipeline-list"),
+    path("pipelines/new/", views.pipeline_create, name="pipeline-create"),
+    path("pipelines/<int:pk>/edit/", views.pipeline_edit, name="pipeline-edit"),
+    path("runs/", views.run_list, name="run-list"),
+    path("runs/start/", views.run_start, name="run-start"),
+    path("runs/<int:pk>/", views.run_detail, name="run-detail"),
+    path("runs/<int:pk>/stop/", views.run_stop, name="run-stop"),
+    path("runs/<int:pk>/workers/", views.run_workers, name="run-workers"),
+]

@@ -1,0 +1,179 @@
+"""Fixtures that start the real thing: a Spark standalone cluster, and the product's
+processes (Celery worker, celery beat, relay, daphne) pointed at the test database.
+
+Run the suite with `make test` (it sets REDIS_URL to a test Redis DB, STREAMWISE_VAR
+to var/test and DATABASE_URL for PostgreSQL, then SQLite)."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
+             interval: float = 0.25) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail with ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_database_url() -> str:
+    from django.db import connection
+
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s["PASSWORD"] else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@dataclass
+class Stack:
+    base_url: str
+    env: dict[str, str]
+    logs: Path
+
+
+@pytest.fixture(scope="session")
+def spark_cluster() -> Iterator[Any]:
+    from django.conf import settings
+
+    from pipelines.runtime import cluster
+
+    info = cluster.start(Path(settings.SPARK_DIR))
+    yield info
+    cluster.stop(info)
+    (Path(settings.SPARK_DIR) / "cluster.json").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def live_stack(django_db_setup: Any, django_db_blocker: Any,
+               spark_cluster: Any) -> Iterator[Stack]:
+    """Worker, beat, relay and daphne as separate processes on the test database."""
+    from django.conf import settings
+
+    from webapp.celery import app as celery_app
+
+    with django_db_blocker.unblock():
+        db_url = test_database_url()
+    logs = Path(settings.VAR_DIR) / "test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = dict(os.environ, DATABASE_URL=db_url, RECONCILE_EVERY_S="2",
+               RUNNER_START_GRACE_S="60", PYTHONUNBUFFERED="1")
+    py = sys.executable
+    commands = {
+        "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
+                   "--concurrency", "3", "-n", f"test-{port}@%h"],
+        "beat": [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
+                 "-s", str(logs / "celerybeat-schedule")],
+        "relay": [py, str(ROOT / "manage.py"), "relay"],
+        "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                "webapp.asgi:application"],
+    }
+    procs = []
+    for name, args in commands.items():
+        out = open(logs / f"{name}.log", "wb")
+        procs.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                      cwd=ROOT, start_new_session=True))
+
+    def web_up() -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        wait_for(web_up, 60, "daphne to listen")
+        wait_for(lambda: celery_app.control.ping(timeout=0.5), 60, "the Celery worker")
+        yield Stack(base_url=f"http://127.0.0.1:{port}", env=env, logs=logs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        _end_other_sessions(django_db_blocker)
+
+
+def _end_other_sessions(django_db_blocker: Any) -> None:
+    """PostgreSQL refuses to drop the test DB while a session is open on it; a Celery
+    pool child or a thread of this process may still hold one at teardown."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                       "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+
+@pytest.fixture
+def operator(transactional_db: Any) -> Any:
+    from django.contrib.auth.models import User
+
+    return User.objects.create_superuser("operator", "op@example.com", "op-pass-123")
+
+
+SMALL_DEFINITION = {
+    "source": {"type": "generator", "seed": 3, "partitions": 2,
+               "rate": {"kind": "constant", "records_per_s": 800},
+               "keys": {"kind": "zipf", "n": 200, "s": 1.1}},
+    "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count", "field": "value"}],
+    "sink": {"type": "latency"},
+    "key_groups": 4,
+}
+
+
+def make_pipeline_and_policy(user: Any, name: str = "small", max_workers: int = 1,
+                             initial_workers: int = 1) -> tuple[Any, Any]:
+    from control.models import Policy
+    from pipelines import actions
+    from pipelines.models import Pipeline
+
+    pipeline = actions.save_pipeline(Pipeline(name=name, definition=SMALL_DEFINITION), user)
+    policy = Policy.objects.create(name=f"{name}-policy", latency_bound_ms=5000,
+                                   power_budget_w=40, min_workers=1,
+                                   initial_workers=initial_workers, max_workers=max_workers)
+    return pipeline, policy
+
+
+def run_status(run_id: int) -> str:
+    from pipelines.models import Run
+
+    return Run.objects.get(pk=run_id).status
+
+
+def stop_and_wait(run_id: int, user: Any) -> None:
+    """Leave no run behind: the DB is flushed after each test."""
+    from pipelines import actions
+    from pipelines.models import Run
+
+    run = Run.objects.get(pk=run_id)
+    if not run.is_terminal:
+        actions.request_stop(run, user)
+        wait_for(lambda: Run.objects.get(pk=run_id).is_terminal, 90, f"run {run_id} to end")

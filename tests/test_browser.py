@@ -1,0 +1,75 @@
+"""One operator session in headless Chromium (Debian chromium + chromium-driver)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from tests.conftest import SMALL_DEFINITION, stop_and_wait
+from webapp.browser import headless_chromium, log_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.spark]
+
+
+@pytest.fixture
+def browser():
+    driver = headless_chromium()
+    yield driver
+    driver.quit()
+
+
+def _set_textarea(driver, element_id: str, text: str) -> None:
+    driver.execute_script("document.getElementById(arguments[0]).value = arguments[1];",
+                          element_id, text)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser) -> None:
+    from control.models import Policy
+    from pipelines.models import Run
+
+    Policy.objects.create(name="browser-policy", latency_bound_ms=5000, power_budget_w=40,
+                          min_workers=1, initial_workers=1, max_workers=1)
+    base = live_stack.base_url
+    browser.get(base + "/runs/")
+    assert "/login/" in browser.current_url
+    log_in(browser, base, "operator", "op-pass-123")
+
+    browser.get(base + "/pipelines/new/")
+    browser.find_element(By.ID, "id_name").send_keys("browser-pipeline")
+    bad = dict(SMALL_DEFINITION, key_groups=0)
+    _set_textarea(browser, "id_definition", json.dumps(bad))
+    browser.find_element(By.ID, "save-pipeline").click()
+    # click() does not wait for the re-rendered form: wait for the error to appear.
+    error = WebDriverWait(browser, 20).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".error[data-field=definition]"))[0].text
+    assert "Invalid definition at key_groups: must be >= 1" in error
+
+    _set_textarea(browser, "id_definition", json.dumps(SMALL_DEFINITION, indent=2))
+    browser.find_element(By.ID, "save-pipeline").click()
+    WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/pipelines/"))
+
+    form = browser.find_element(
+        By.XPATH, "//button[@data-pipeline='browser-pipeline']/ancestor::form")
+    Select(form.find_element(By.NAME, "policy")).select_by_visible_text("browser-policy")
+    form.find_element(By.TAG_NAME, "button").click()
+    WebDriverWait(browser, 10).until(lambda d: "/runs/" in d.current_url)
+    run = Run.objects.latest("pk")
+    try:
+        WebDriverWait(browser, 240, poll_frequency=1).until(
+            lambda d: d.execute_script("return window.__streamwise.points") >= 3)
+        shot = Path(live_stack.logs) / "browser-run.png"
+        browser.save_screenshot(str(shot))
+        assert browser.find_element(By.ID, "run-status").text == "running"
+        browser.find_element(By.ID, "stop-run").click()
+        WebDriverWait(browser, 120, poll_frequency=1).until(
+            lambda d: d.find_element(By.ID, "run-status").text == "stopped")
+    finally:
+        stop_and_wait(run.pk, operator)
+    run.refresh_from_db()
+    assert run.status == "stopped"
+    assert run.samples.count() >= 3
+    assert all(s.latency_p50_ms > 0 for s in run.samples.all()), "latency must be positive"

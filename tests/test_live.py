@@ -1,0 +1,177 @@
+"""Real services, no Spark: the WebSocket consumer fed by the real relay over the real
+Redis channel layer, and the Celery tasks on a real worker."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+
+import pytest
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import Client
+
+from tests.conftest import make_pipeline_and_policy, wait_for
+
+
+def _session_cookie(user) -> bytes:
+    client = Client()
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}" \
+        .encode()
+
+
+def _new_run(user, status="running", **fields):
+    from pipelines.models import Run
+
+    pipeline, policy = make_pipeline_and_policy(user, name=f"p{time.monotonic_ns()}",
+                                                max_workers=2)
+    return Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                              status=status, created_by=user, **fields)
+
+
+async def _connect(path: str, cookie: bytes | None) -> WebsocketCommunicator:
+    from webapp.asgi import application
+
+    headers = [(b"origin", b"http://127.0.0.1"), (b"host", b"127.0.0.1")]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_websocket_receives_metrics_pushed_by_the_relay(operator) -> None:
+    from pipelines.relay import Relay
+    from pipelines.runtime import bus as busmod
+
+    run = _new_run(operator)
+    cookie = _session_cookie(operator)
+    run_bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+    run_bus.reset()
+    run_bus.mark_live()
+
+    async def scenario() -> tuple[dict, dict, dict, float]:
+        comm = await _connect(f"/ws/runs/{run.pk}/", cookie)
+        connected, _ = await comm.connect(timeout=10)
+        assert connected
+        snapshot = await comm.receive_json_from(timeout=10)
+        relay = Relay()
+        # What the runner does after a micro-batch:
+        run_bus.publish_metrics({"batch_id": 0, "t": time.time(), "input_rows": 10,
+                                 "records": 10, "latency_p95_ms": 123.0, "workers": 1,
+                                 "power_w": 5.0, "power_source": "modelled"})
+        await relay.step(block_ms=2000)
+        metrics = await comm.receive_json_from(timeout=10)
+        received = time.time()
+        run_bus.publish_event("stopped", reason="test over")
+        await relay.step(block_ms=2000)
+        status = None
+        for _ in range(6):
+            msg = await comm.receive_json_from(timeout=10)
+            if msg["kind"] == "status" and msg["run"]["status"] == "stopped":
+                status = msg
+                break
+        await comm.disconnect()
+        return snapshot, metrics, status, received
+
+    snapshot, metrics, status, received = asyncio.run(scenario())
+    assert snapshot["kind"] == "snapshot" and snapshot["run"]["status"] == "running"
+    assert metrics["kind"] == "metrics"
+    sample = metrics["samples"][0]
+    assert sample["latency_p95_ms"] == 123.0 and sample["power_measured"] is False
+    assert received - sample["written_at"] < 5
+    assert status is not None, "no stopped status pushed"
+    run.refresh_from_db()
+    assert run.status == "stopped" and run.samples.count() == 1
+    assert run.events.filter(kind="runner:stopped", actor="runner").exists()
+    assert not run_bus.r.sismember(busmod.LIVE_SET, run.bus_key)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_websocket_refuses_anonymous_and_unknown_runs(operator) -> None:
+    run = _new_run(operator)
+
+    async def scenario() -> tuple:
+        anon = await _connect(f"/ws/runs/{run.pk}/", None)
+        ok_anon, code_anon = await anon.connect(timeout=10)
+        missing = await _connect("/ws/runs/999999/", _cookie)
+        ok_missing, code_missing = await missing.connect(timeout=10)
+        return ok_anon, code_anon, ok_missing, code_missing
+
+    _cookie = _session_cookie(operator)
+    ok_anon, code_anon, ok_missing, code_missing = asyncio.run(scenario())
+    assert (ok_anon, code_anon) == (False, 4401)
+    assert (ok_missing, code_missing) == (False, 4404)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_on_a_real_worker_are_idempotent(live_stack, operator) -> None:
+    from pipelines import tasks
+    from pipelines.models import Run
+
+    running = _new_run(operator, status="running")
+    message = tasks.start_run.delay(running.pk, "user:operator").get(timeout=30)
+    assert message == f"start ignored: run {running.pk} is already running"
+    assert running.events.filter(kind="start_ignored").count() == 1
+
+    stopped = _new_run(operator, status="stopped")
+    message = tasks.start_run.delay(stopped.pk).get(timeout=30)
+    assert "already stopped; create a new run" in message
+    assert "already stopped" in tasks.stop_run.delay(stopped.pk).get(timeout=30)
+
+    pending = _new_run(operator, status="pending")
+    assert tasks.stop_run.delay(pending.pk).get(timeout=30) == "stopped"
+    assert Run.objects.get(pk=pending.pk).status == "stopped"
+
+    message = tasks.reconfigure_run.delay(stopped.pk, {"workers": 2}).get(timeout=30)
+    assert "not running" in message
+    message = tasks.reconfigure_run.delay(running.pk, {"workers": 9}).get(timeout=30)
+    assert "workers must be in 1..2" in message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reconciler_marks_a_run_with_a_dead_runner_lost(live_stack, operator) -> None:
+    """beat -> reconcile_runs on the worker: a 'running' run whose runner is gone."""
+    from pipelines.models import Run
+
+    from django.utils import timezone
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    run = _new_run(operator, status="running", runner_pid=dead.pid, started_at=timezone.now(),
+                   checkpoint_dir=str(settings.VAR_DIR))
+    # Stopped while its runner was still starting: within the start grace it is not lost.
+    young = _new_run(operator, status="stopping", runner_pid=dead.pid,
+                     launched_at=timezone.now())
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == "lost", 20,
+             "the reconciler to mark the run lost")
+    assert Run.objects.get(pk=young.pk).status == "stopping"
+    run.refresh_from_db()
+    assert "heartbeat missing" in run.status_reason and "is gone" in run.status_reason
+    assert run.events.filter(kind="status:lost", actor="reconciler").exists()
+    assert os.path.exists(settings.VAR_DIR)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_views_require_login_and_start_then_stop_a_run(live_stack, operator) -> None:
+    """HTTP form -> action -> Celery worker -> runner, and stop while it is starting."""
+    from pipelines.models import Run
+    from tests.conftest import stop_and_wait
+
+    assert Client().get("/runs/").status_code == 302
+    client = Client()
+    client.force_login(operator)
+    pipeline, policy = make_pipeline_and_policy(operator, name="via-view")
+    response = client.post("/runs/start/", {"pipeline": pipeline.pk, "policy": policy.pk})
+    assert response.status_code == 302
+    run = Run.objects.latest("pk")
+    assert response["Location"] == f"/runs/{run.pk}/"
+    wait_for(lambda: Run.objects.get(pk=run.pk).runner_pid, 30, "the runner to be launched")
+    assert client.post(f"/runs/{run.pk}/stop/").status_code == 302
+    stop_and_wait(run.pk, operator)
+    run.refresh_from_db()
+    assert run.status == "stopped", run.status_reason
+    kinds = list(run.events.values_list("kind", flat=True))
+    assert kinds[:3] == ["created", "status:starting", "runner_launched"]
+    assert "stop_requested" in kinds and "status:stopping" in kinds

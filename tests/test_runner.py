@@ -1,0 +1,32 @@
+"""Runner guards that need no Spark session."""
+from __future__ import annotations
+
+import pytest
+
+from pipelines.runtime import bus as busmod
+from pipelines.runtime.definition import DEMO_DEFINITION
+from pipelines.runtime.runner import Runner, RunnerConfig
+
+
+def _runner(tmp_path, t0=None) -> Runner:
+    cfg = RunnerConfig(run_id=1, bus_key="1.test", redis_url="redis://127.0.0.1:6379/14",
+                       master_url="spark://127.0.0.1:1", checkpoint_dir=str(tmp_path),
+                       definition=DEMO_DEFINITION, t0=t0)
+    return Runner(cfg, busmod.RunBus(busmod.connect(cfg.redis_url), cfg.bus_key))
+
+
+def test_a_new_run_never_resumes_an_existing_checkpoint(tmp_path) -> None:
+    assert _runner(tmp_path)._checkpoint() == tmp_path / "checkpoint"
+    (tmp_path / "checkpoint" / "offsets").mkdir(parents=True)
+    with pytest.raises(RuntimeError, match="already has offsets"):
+        _runner(tmp_path)._checkpoint()
+    # A deliberate resume pins the original schedule clock.
+    assert _runner(tmp_path, t0=1.0e9)._checkpoint() == tmp_path / "checkpoint"
+
+
+def test_bad_config_is_refused_with_one_line(tmp_path, capsys) -> None:
+    from pipelines.runtime.runner import main
+
+    (tmp_path / "cfg.json").write_text('{"run_id": 1}')
+    assert main([str(tmp_path / "cfg.json")]) == 2
+    assert capsys.readouterr().err.startswith("error: bad runner config")

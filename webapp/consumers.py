@@ -1,0 +1,55 @@
+"""WebSocket consumer of a run page: a snapshot on connect, then pushed changes."""
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from pipelines import actions
+from pipelines.models import Run
+
+SNAPSHOT_SAMPLES = 300
+SNAPSHOT_EVENTS = 100
+
+
+@database_sync_to_async
+def _snapshot(run_id: int) -> dict[str, Any] | None:
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return None
+    samples = list(run.samples.order_by("-batch_id")[:SNAPSHOT_SAMPLES])[::-1]
+    events = list(run.events.order_by("-at", "-id")[:SNAPSHOT_EVENTS])[::-1]
+    return {"kind": "snapshot", "run": actions.run_state(run),
+            "samples": [actions.sample_to_wire(s) for s in samples],
+            "events": [e.as_dict() for e in events]}
+
+
+class RunConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        snapshot = await _snapshot(self.run_id)
+        if snapshot is None:
+            await self.close(code=4404)
+            return
+        self.group = actions.group_name(self.run_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.send_json(snapshot)
+
+    async def disconnect(self, code: int) -> None:
+        if hasattr(self, "group"):
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def run_metrics(self, message: dict[str, Any]) -> None:
+        await self.send_json({"kind": "metrics", "samples": message["samples"]})
+
+    async def run_event(self, message: dict[str, Any]) -> None:
+        await self.send_json({"kind": "event", "event": message["event"]})
+
+    async def run_status(self, message: dict[str, Any]) -> None:
+        await self.send_json({"kind": "status", "run": message["run"]})
