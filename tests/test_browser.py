@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -65,7 +66,11 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
         browser.save_screenshot(str(shot))
         assert browser.find_element(By.ID, "run-status").text == "running"
         browser.find_element(By.ID, "stop-run").click()
-        WebDriverWait(browser, 120, poll_frequency=1).until(
+        # The stop form POSTs and redirects back to this page: the status element is
+        # replaced under the wait, so a lookup may hit the old (stale) or no element.
+        WebDriverWait(browser, 120, poll_frequency=1,
+                      ignored_exceptions=(StaleElementReferenceException,
+                                          NoSuchElementException)).until(
             lambda d: d.find_element(By.ID, "run-status").text == "stopped")
     finally:
         stop_and_wait(run.pk, operator)

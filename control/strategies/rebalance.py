@@ -58,11 +58,14 @@ def balanced(weights: Sequence[float], workers: int,
 
 
 def flux(weights: Sequence[float], workers: int, previous: Sequence[int],
-         threshold: float = 0.10, max_moves: int | None = None) -> Assignment:
+         threshold: float = 0.10, max_moves: int | None = None,
+         cap: float | None = None) -> Assignment:
     """Flux with an imbalance threshold (0.10 = 10 %, the thesis' shared-memory value).
 
-    The loop stops when (max - min) <= threshold * max, or when no single key of the
-    donor reduces the donor/receiver gap (every move strictly reduces it, so it ends).
+    The loop stops when (max - min) <= threshold * max, when ``cap`` is given and every
+    load is within it (the planners compare Flux at Ding's load bound), or when no single
+    key of the donor reduces the donor/receiver gap (every move strictly reduces it, so
+    it ends).
     """
     if workers < 1:
         raise ValueError("need at least one worker")
@@ -83,7 +86,7 @@ def flux(weights: Sequence[float], workers: int, previous: Sequence[int],
         donor = max(range(workers), key=lambda i: (loads[i], -i))
         receiver = min(range(workers), key=lambda i: (loads[i], i))
         gap = loads[donor] - loads[receiver]
-        if gap <= threshold * loads[donor]:
+        if gap <= threshold * loads[donor] or (cap is not None and loads[donor] <= cap):
             break
         # A key of weight w shrinks the gap iff 0 < w < gap; the heaviest such key
         # shrinks it most.

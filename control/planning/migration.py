@@ -1,0 +1,695 @@
+"""Optimal operator-state migration (Ding et al., "Optimal Operator State Migration for
+Elastic Data Stream Processing", §3–4) and the baselines it is compared with.
+
+Model (§3.1, Table 1): key groups ("tasks") 0..G−1 with load w_j and state size s_j;
+every worker owns a *contiguous* range of groups. A migration to n′ workers must give
+every worker a load ≤ cap = (1+τ)·W/n′ (Def. 3.1) and moves the state of every group
+whose owner changes; its cost is Σ s_j over those groups (Def. 3.2).
+
+``plan_ding`` is exact. It is the reference dynamic programme of the digest
+(``notes/ding-cola.md`` §A2), vectorised with numpy over (start, end, last gain node):
+
+    F[k][x][y] = best gain (state that stays) with groups [0, x) split into k ranges, the
+                 last range that *keeps state* given to old worker y (0 = none yet).
+
+The key fact that makes one index enough: if new range A precedes range B and both keep
+state of their old owners a and b, then a's old range precedes b's (otherwise B could
+not overlap b's range). So the ranges that keep state are matched to old workers in
+order, and every other range ("free") goes to a retired-or-new worker with no gain.
+A range may also be given to an old worker it does not overlap (gain 0) — a valid but
+never better choice, which keeps the recurrence a prefix maximum:
+
+    F[k+1][x2][y′] = max over x with W[x, x2) ≤ cap of
+                     max( F[k][x][y′],                          (free range)
+                          max_{y<y′} F[k][x][y] + S(I_y′ ∩ [x, x2)) )
+
+O(n′·G²·n) time; 2–10 ms at G = 64, n, n′ ≤ 16 (``bench_migration``), where the paper
+reports ≤ 2 ms for its Java SSM (Fig. 10). Checked against brute force (every interval
+partition × every matching) in ``tests/test_planning.py``.
+
+``plan_mtm`` adds the MTM-aware look-ahead (Def. 4.1); its candidate reduction is
+documented there. Baselines: consistent hashing (the paper's CH), ``balanced`` and
+``flux`` (control library, thesis §6.4.3), and ``scratch`` (the best-balanced contiguous
+split, recomputed ignoring where state is: Storm's default in the paper).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import hashlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from control.planning import PlanningError
+from control.strategies import rebalance
+
+# Loads are floats: a range whose load exceeds the cap by less than this relative
+# tolerance is accepted (so an exactly balanced split at τ = 0 is feasible).
+CAP_TOLERANCE = 1e-9
+PLANNERS = ("ding", "mtm", "consistent-hash", "balanced", "flux", "scratch")
+
+
+@dataclass(frozen=True)
+class MigrationProblem:
+    """Def. 3.2's input. ``current[j]`` is the worker id owning group j."""
+
+    loads: tuple[float, ...]
+    state_sizes: tuple[float, ...]
+    current: tuple[int, ...]
+    target_workers: int
+    tau: float
+    # Paper: a worker may end with an empty range. True: every worker owns ≥ 1 group
+    # (what the elastic runtime wants: a worker it pays for must do keyed work).
+    nonempty: bool = False
+
+    def __post_init__(self) -> None:
+        g = len(self.loads)
+        if g == 0:
+            raise PlanningError("loads: need at least one key group")
+        if len(self.state_sizes) != g or len(self.current) != g:
+            raise PlanningError(f"loads, state_sizes and current must have the same length "
+                                f"(got {g}, {len(self.state_sizes)}, {len(self.current)})")
+        for name, values in (("loads", self.loads), ("state_sizes", self.state_sizes)):
+            for j, v in enumerate(values):
+                if not np.isfinite(v) or v < 0:
+                    raise PlanningError(f"{name}[{j}]: must be a finite number >= 0")
+        if sum(self.loads) <= 0:
+            raise PlanningError("loads: the total load must be > 0")
+        for j, w in enumerate(self.current):
+            if w < 0:
+                raise PlanningError(f"current[{j}]: worker ids must be >= 0")
+        if self.target_workers < 1:
+            raise PlanningError("target_workers: must be >= 1")
+        if self.nonempty and self.target_workers > g:
+            raise PlanningError(f"target_workers: {self.target_workers} non-empty workers "
+                                f"need at least as many key groups (have {g})")
+        if not np.isfinite(self.tau) or self.tau < 0:
+            raise PlanningError("tau: must be a finite number >= 0")
+
+    @property
+    def total_load(self) -> float:
+        return float(sum(self.loads))
+
+    @property
+    def cap(self) -> float:
+        """Def. 3.1: the largest load a worker may carry after the migration."""
+        return (1.0 + self.tau) * self.total_load / self.target_workers
+
+    @property
+    def current_workers(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.current)))
+
+
+@dataclass(frozen=True)
+class MigrationPlan:
+    planner: str
+    assignment: tuple[int, ...]  # worker id per group
+    migration_cost: float  # Σ s_j of moved groups
+    moved: tuple[int, ...]
+    max_load: float
+    cap: float
+    feasible: bool  # every worker's load <= cap, and exactly target_workers workers
+    solve_ms: float
+    reason: str = ""  # why infeasible, in one line
+    min_tau: float | None = None  # smallest τ at which a contiguous split exists
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out = {"planner": self.planner, "assignment": list(self.assignment),
+               "migration_cost": self.migration_cost, "moved": list(self.moved),
+               "max_load": self.max_load, "cap": self.cap, "feasible": self.feasible,
+               "solve_ms": round(self.solve_ms, 3)}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.min_tau is not None:
+            out["min_tau"] = self.min_tau
+        out.update(self.extra)
+        return out
+
+
+# --- helpers shared by every planner -------------------------------------------------
+
+def contiguous_ranges(owner: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """worker -> [start, end) if every worker's groups are contiguous, else PlanningError."""
+    ranges: dict[int, tuple[int, int]] = {}
+    for j, w in enumerate(owner):
+        if w in ranges:
+            start, end = ranges[w]
+            if end != j:
+                raise PlanningError(
+                    f"current: worker {w} owns groups {start}..{end - 1} and {j}, which are not "
+                    "one contiguous range (Ding §3.1); plan once with 'scratch' or 'ding' from a "
+                    "contiguous layout")
+            ranges[w] = (start, j + 1)
+        else:
+            ranges[w] = (j, j + 1)
+    return ranges
+
+
+def worker_loads(loads: Sequence[float], assignment: Sequence[int]) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for j, w in enumerate(assignment):
+        out[w] = out.get(w, 0.0) + loads[j]
+    return out
+
+
+def evaluate(problem: MigrationProblem, planner: str, assignment: Sequence[int],
+             solve_ms: float, reason: str = "", extra: dict | None = None) -> MigrationPlan:
+    """Cost, moved groups, max load and feasibility of any assignment (one rule for all)."""
+    moved = tuple(j for j, w in enumerate(assignment) if w != problem.current[j])
+    cost = float(sum(problem.state_sizes[j] for j in moved))
+    loads = worker_loads(problem.loads, assignment)
+    max_load = max(loads.values())
+    cap = problem.cap
+    feasible = (not reason and max_load <= cap * (1 + CAP_TOLERANCE)
+                and len(loads) <= problem.target_workers)
+    if not reason and not feasible:
+        reason = (f"max load {max_load:.6g} exceeds the cap {cap:.6g}" if max_load > cap
+                  else f"uses {len(loads)} workers, more than {problem.target_workers}")
+    return MigrationPlan(planner, tuple(assignment), cost, moved, float(max_load), cap,
+                         feasible, solve_ms, reason, extra=extra or {})
+
+
+def target_ids(problem: MigrationProblem) -> list[int]:
+    """The worker ids after the migration when the planner does not choose which old
+    workers retire: the lowest current ids are kept (Spark decommissions the newest
+    executors), new workers get ids above the largest current id."""
+    old = list(problem.current_workers)
+    n2 = problem.target_workers
+    if n2 <= len(old):
+        return old[:n2]
+    top = max(old)
+    return old + [top + 1 + i for i in range(n2 - len(old))]
+
+
+def min_bottleneck(loads: Sequence[float], parts: int, nonempty: bool = False) -> float:
+    """The smallest achievable max range load over splits of ``loads`` into ≤ ``parts``
+    contiguous ranges (exactly ``parts`` non-empty ones when ``nonempty``): binary search
+    over the O(G²) candidate range sums with the greedy check. Used for τ_min."""
+    prefix = np.concatenate(([0.0], np.cumsum(loads)))
+    g = len(loads)
+    sums = sorted({float(prefix[b] - prefix[a]) for a in range(g) for b in range(a + 1, g + 1)})
+    lo = 0
+
+    def fits(cap: float) -> bool:
+        if max(loads) > cap * (1 + CAP_TOLERANCE):
+            return False
+        count, acc = 1, 0.0
+        for w in loads:
+            if acc + w > cap * (1 + CAP_TOLERANCE):
+                count, acc = count + 1, w
+            else:
+                acc += w
+        # With ≤ parts ranges at this cap, splitting further keeps it (G ≥ parts).
+        return count <= parts
+
+    hi = len(sums) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(sums[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return sums[lo]
+
+
+def _min_tau(problem: MigrationProblem) -> float:
+    best = min_bottleneck(problem.loads, problem.target_workers, problem.nonempty)
+    return max(0.0, best * problem.target_workers / problem.total_load - 1.0)
+
+
+def infeasibility(problem: MigrationProblem) -> str:
+    """A one-line reason when no contiguous split meets the cap, else ''."""
+    cap = problem.cap
+    heaviest = max(range(len(problem.loads)), key=lambda j: problem.loads[j])
+    if problem.loads[heaviest] > cap * (1 + CAP_TOLERANCE):
+        return (f"key group {heaviest} alone has load {problem.loads[heaviest]:.6g}, above the "
+                f"cap (1+τ)·W/n′ = {cap:.6g}: raise τ to at least {_min_tau(problem):.4g}, "
+                "use more workers, or split the hot key")
+    if min_bottleneck(problem.loads, problem.target_workers) > cap * (1 + CAP_TOLERANCE):
+        return (f"no split into {problem.target_workers} contiguous ranges keeps every load "
+                f"under the cap {cap:.6g}: raise τ to at least {_min_tau(problem):.4g}")
+    return ""
+
+
+def _infeasible_plan(problem: MigrationProblem, planner: str, reason: str,
+                     started: float) -> MigrationPlan:
+    plan = evaluate(problem, planner, problem.current, (time.perf_counter() - started) * 1e3,
+                    reason=reason)
+    return MigrationPlan(plan.planner, plan.assignment, 0.0, (), plan.max_load, plan.cap,
+                         False, plan.solve_ms, reason, _min_tau(problem))
+
+
+# --- Ding: exact single-step migration -------------------------------------------------
+
+def _ding_partition(problem: MigrationProblem, cap: float,
+                    ranges: list[tuple[int, int]]) -> tuple[float, list[tuple[int, int, int]]]:
+    """Max gain and the ranges [(start, end, old node index or -1 for free)], or
+    (-inf, []) if no split into target_workers ranges meets ``cap``."""
+    g = len(problem.loads)
+    n = len(ranges)
+    n2 = problem.target_workers
+    w_prefix = np.concatenate(([0.0], np.cumsum(problem.loads)))
+    s_prefix = np.concatenate(([0.0], np.cumsum(problem.state_sizes)))
+    idx = np.arange(g + 1)
+    x, x2 = idx[:, None], idx[None, :]
+    valid = (x2 > x) if problem.nonempty else (x2 >= x)
+    valid &= (w_prefix[x2] - w_prefix[x]) <= cap * (1 + CAP_TOLERANCE)
+    # overlap[y, x, x2] = state of old node y inside [x, x2); node 0 is "none".
+    overlap = np.zeros((n + 1, g + 1, g + 1))
+    for y, (a, b) in enumerate(ranges, start=1):
+        lo = np.maximum(x, a)
+        hi = np.minimum(x2, b)
+        overlap[y] = np.where(hi > lo, s_prefix[np.maximum(hi, lo)] - s_prefix[lo], 0.0)
+    overlap = overlap.transpose(1, 2, 0)  # [x, x2, y]
+    neg = -np.inf
+    f = np.full((g + 1, n + 1), neg)
+    f[0, 0] = 0.0
+    layers = [f]
+    for _ in range(n2):
+        # prefix[x, y'] = max_{y < y'} f[x, y]
+        shifted = np.concatenate((np.full((g + 1, 1), neg), f[:, :-1]), axis=1)
+        prefix = np.maximum.accumulate(shifted, axis=1)
+        gain = prefix[:, None, :] + overlap
+        gain[:, :, 0] = neg
+        best = np.maximum(f[:, None, :], gain)
+        best[~valid] = neg
+        f = best.max(axis=0)
+        layers.append(f)
+    final = layers[-1][g]
+    if not np.isfinite(final.max()):
+        return neg, []
+    # Backtrack through the stored layers (recomputing each choice; ties: free first).
+    y = int(np.argmax(final))
+    end = g
+    out: list[tuple[int, int, int]] = []
+    for k in range(n2, 0, -1):
+        prev = layers[k - 1]
+        target = layers[k][end, y]
+        found = False
+        for start in range(end, -1, -1):
+            if not valid[start, end]:
+                continue
+            if prev[start, y] == target:  # free range, last gain node unchanged
+                out.append((start, end, -1))
+                end, found = start, True
+                break
+            if y > 0:
+                before = prev[start, :y]
+                cand = before.max() + overlap[start, end, y]
+                if np.isfinite(cand) and np.isclose(cand, target, rtol=1e-12, atol=1e-9):
+                    out.append((start, end, y - 1))
+                    y, end, found = int(np.argmax(before)), start, True
+                    break
+        if not found:  # pragma: no cover - the recurrence guarantees a predecessor
+            raise RuntimeError("ding backtrack lost its path")
+    out.reverse()
+    return float(final.max()), out
+
+
+def _assign_free(problem: MigrationProblem, old_ids: list[int], ranges: list[tuple[int, int]],
+                 split: list[tuple[int, int, int]]) -> list[int]:
+    """Give every range a worker id: gain ranges keep their old owner; free ranges go to
+    the unused old workers (by overlap, then lowest id), then to new ids."""
+    s_prefix = np.concatenate(([0.0], np.cumsum(problem.state_sizes)))
+
+    def overlap(node: int, start: int, end: int) -> float:
+        a, b = ranges[node]
+        lo, hi = max(a, start), min(b, end)
+        return float(s_prefix[hi] - s_prefix[lo]) if hi > lo else 0.0
+
+    used = {node for _, _, node in split if node >= 0}
+    spare = [i for i in range(len(old_ids)) if i not in used]
+    free = [i for i, (_, _, node) in enumerate(split) if node < 0]
+    owner_of: dict[int, int] = {i: old_ids[node] for i, (_, _, node) in enumerate(split)
+                                if node >= 0}
+    # Pair free ranges with spare old workers, largest overlap first.
+    pairs = sorted(((overlap(node, split[i][0], split[i][1]), -old_ids[node], i, node)
+                    for i in free for node in spare), reverse=True)
+    taken_ranges: set[int] = set()
+    taken_nodes: set[int] = set()
+    for _, _, i, node in pairs:
+        if i in taken_ranges or node in taken_nodes:
+            continue
+        if len(taken_nodes) == min(len(free), len(spare)):
+            break
+        owner_of[i] = old_ids[node]
+        taken_ranges.add(i)
+        taken_nodes.add(node)
+    next_id = max(old_ids) + 1
+    for i in free:
+        if i not in owner_of:
+            owner_of[i] = next_id
+            next_id += 1
+    assignment = [0] * len(problem.loads)
+    for i, (start, end, _) in enumerate(split):
+        for j in range(start, end):
+            assignment[j] = owner_of[i]
+    return assignment
+
+
+def plan_ding(problem: MigrationProblem, cap: float | None = None) -> MigrationPlan:
+    """Def. 3.2, exactly: the contiguous split into n′ ranges, every load ≤ cap, that
+    keeps the most state in place. ``cap`` overrides (1+τ)W/n′ (used by ``plan_mtm``)."""
+    started = time.perf_counter()
+    owner_ranges = contiguous_ranges(problem.current)
+    old_ids = sorted(owner_ranges, key=lambda w: owner_ranges[w][0])
+    ranges = [owner_ranges[w] for w in old_ids]
+    limit = problem.cap if cap is None else cap
+    reason = infeasibility(problem)
+    if reason:
+        return _infeasible_plan(problem, "ding", reason, started)
+    gain, split = _ding_partition(problem, limit, ranges)
+    if not split:
+        return _infeasible_plan(problem, "ding",
+                                f"no split into {problem.target_workers} non-empty contiguous "
+                                f"ranges meets the cap {limit:.6g}", started)
+    assignment = _assign_free(problem, old_ids, ranges, split)
+    plan = evaluate(problem, "ding", assignment, (time.perf_counter() - started) * 1e3)
+    # The actual kept state can only exceed the DP's (a free range may land on an old
+    # worker it overlaps), and the DP is optimal, so they agree.
+    assert plan.migration_cost <= sum(problem.state_sizes) - gain + 1e-6 * (1 + gain)
+    return plan
+
+
+# --- brute force (the test oracle; tiny instances only) --------------------------------
+
+def interval_partitions(g: int, parts: int, nonempty: bool) -> itertools.chain:
+    """Every split of 0..g−1 into ``parts`` ordered contiguous ranges, as cut tuples."""
+    if nonempty:
+        cuts = itertools.combinations(range(1, g), parts - 1)
+    else:
+        cuts = itertools.combinations_with_replacement(range(0, g + 1), parts - 1)
+    return (tuple([0, *c, g]) for c in cuts)
+
+
+def plan_brute_force(problem: MigrationProblem) -> float | None:
+    """The least migration cost over every interval partition and every matching of its
+    ranges to workers (kept old workers or new ones), or None if none meets the cap."""
+    g = len(problem.loads)
+    n2 = problem.target_workers
+    old = list(problem.current_workers)
+    slots = old + [max(old) + 1 + i for i in range(max(0, n2 - len(old)))]
+    cap = problem.cap * (1 + CAP_TOLERANCE)
+    best: float | None = None
+    for cuts in interval_partitions(g, n2, problem.nonempty):
+        spans = [(cuts[i], cuts[i + 1]) for i in range(n2)]
+        if any(sum(problem.loads[a:b]) > cap for a, b in spans):
+            continue
+        for owners in itertools.permutations(slots, n2):
+            kept = sum(problem.state_sizes[j] for (a, b), w in zip(spans, owners, strict=True)
+                       for j in range(a, b) if problem.current[j] == w)
+            cost = sum(problem.state_sizes) - kept
+            if best is None or cost < best - 1e-12:
+                best = cost
+    return best
+
+
+# --- baselines -------------------------------------------------------------------------
+
+def _stable_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def consistent_hash_assignment(groups: int, workers: Sequence[int],
+                               virtual_nodes: int = 64) -> list[int]:
+    """Consistent hashing (Karger et al.; the paper's CH): each worker has
+    ``virtual_nodes`` points on a 64-bit ring; a group belongs to the next point
+    clockwise. Adding or removing a worker moves only the groups next to its points,
+    and ignores load."""
+    ring = sorted((_stable_hash(f"worker-{w}#{v}"), w) for w in workers
+                  for v in range(virtual_nodes))
+    points = [p for p, _ in ring]
+    out = []
+    for j in range(groups):
+        i = bisect.bisect_right(points, _stable_hash(f"group-{j}")) % len(ring)
+        out.append(ring[i][1])
+    return out
+
+
+def plan_consistent_hash(problem: MigrationProblem) -> MigrationPlan:
+    started = time.perf_counter()
+    assignment = consistent_hash_assignment(len(problem.loads), target_ids(problem))
+    return evaluate(problem, "consistent-hash", assignment,
+                    (time.perf_counter() - started) * 1e3)
+
+
+def _relabel(bins: Sequence[int], count: int, problem: MigrationProblem) -> list[int]:
+    """Map bins 0..count−1 of a from-scratch assignment onto worker ids so that the most
+    state stays (greedy by shared state; new ids for the rest)."""
+    ids = target_ids(problem)
+    shared: dict[tuple[int, int], float] = {}
+    for j, b in enumerate(bins):
+        key = (b, problem.current[j])
+        shared[key] = shared.get(key, 0.0) + problem.state_sizes[j]
+    pairs = sorted(((s, -b, -w, b, w) for (b, w), s in shared.items() if w in ids),
+                   reverse=True)
+    mapping: dict[int, int] = {}
+    used: set[int] = set()
+    for _, _, _, b, w in pairs:
+        if b not in mapping and w not in used:
+            mapping[b] = w
+            used.add(w)
+    rest = iter([w for w in ids if w not in used])
+    for b in range(count):
+        if b not in mapping:
+            mapping[b] = next(rest)
+    return [mapping[b] for b in bins]
+
+
+def plan_balanced(problem: MigrationProblem) -> MigrationPlan:
+    """Thesis Algorithm 1 (LPT) recomputed from scratch, its bins then relabelled onto
+    the workers that share the most state with them."""
+    started = time.perf_counter()
+    result = rebalance.balanced(problem.loads, problem.target_workers)
+    assignment = _relabel(result.routing, problem.target_workers, problem)
+    return evaluate(problem, "balanced", assignment, (time.perf_counter() - started) * 1e3)
+
+
+def plan_flux(problem: MigrationProblem, threshold: float = 0.10) -> MigrationPlan:
+    """Flux (control library) from the current routing: retired workers' groups go to the
+    least loaded, then heaviest-fitting moves from the most to the least loaded worker
+    until the imbalance threshold *or* the same cap as Ding's (1+τ)W/n′ is met."""
+    started = time.perf_counter()
+    ids = target_ids(problem)
+    index = {w: i for i, w in enumerate(ids)}
+    previous = [index.get(w, -1) for w in problem.current]
+    result = rebalance.flux(problem.loads, problem.target_workers, previous,
+                            threshold=threshold, cap=problem.cap)
+    assignment = [ids[i] for i in result.routing]
+    return evaluate(problem, "flux", assignment, (time.perf_counter() - started) * 1e3)
+
+
+def scratch_assignment(problem: MigrationProblem) -> list[int]:
+    """The best-balanced contiguous split (minimum bottleneck), ranges given to the
+    target ids in order — where the state is plays no part."""
+    g, n2 = len(problem.loads), problem.target_workers
+    best = min_bottleneck(problem.loads, n2, problem.nonempty)
+    ids = target_ids(problem)
+    assignment, part, acc = [], 0, 0.0
+    for j, w in enumerate(problem.loads):
+        # Start a new range when this one is full, or when the groups left are just
+        # enough to give every remaining worker one (nonempty).
+        left_workers = n2 - part - 1
+        if assignment and part < n2 - 1 and (
+                acc + w > best * (1 + CAP_TOLERANCE)
+                or (problem.nonempty and g - j <= left_workers)):
+            part, acc = part + 1, 0.0
+        assignment.append(ids[part])
+        acc += w
+    return assignment
+
+
+def plan_scratch(problem: MigrationProblem) -> MigrationPlan:
+    started = time.perf_counter()
+    return evaluate(problem, "scratch", scratch_assignment(problem),
+                    (time.perf_counter() - started) * 1e3)
+
+
+# --- MTM-aware look-ahead (Def. 4.1) -----------------------------------------------------
+
+Partition = tuple[int, ...]  # cut points 0 = c_0 ≤ … ≤ c_k = G
+
+
+def partition_of(assignment: Sequence[int]) -> Partition:
+    cuts = [0] + [j for j in range(1, len(assignment)) if assignment[j] != assignment[j - 1]]
+    return tuple(cuts + [len(assignment)])
+
+
+def transition_cost(a: Partition, b: Partition, state_sizes: Sequence[float]) -> float:
+    """c(P, P′): the least state moved from partition a to b, node labels free (Lemmas
+    4.1–4.2). Ranges that keep state are matched in order (the key fact above), so the
+    best matching is an LCS-style DP over the two range lists — O(|a|·|b|)."""
+    prefix = np.concatenate(([0.0], np.cumsum(state_sizes)))
+    ra = [(a[i], a[i + 1]) for i in range(len(a) - 1)]
+    rb = [(b[i], b[i + 1]) for i in range(len(b) - 1)]
+    best = np.zeros((len(ra) + 1, len(rb) + 1))
+    for i, (a0, a1) in enumerate(ra, start=1):
+        for j, (b0, b1) in enumerate(rb, start=1):
+            lo, hi = max(a0, b0), min(a1, b1)
+            shared = prefix[hi] - prefix[lo] if hi > lo else 0.0
+            best[i, j] = max(best[i - 1, j], best[i, j - 1], best[i - 1, j - 1] + shared)
+    return float(prefix[-1] - best[-1, -1])
+
+
+def _ding_from(partition: Partition, problem: MigrationProblem, workers: int,
+               cap_scale: float) -> Partition | None:
+    """The Ding-optimal partition for ``workers`` starting from ``partition``, under a
+    cap tightened by ``cap_scale`` ≤ 1 (None if infeasible)."""
+    if problem.nonempty and workers > len(problem.loads):
+        return None
+    current = [0] * len(problem.loads)
+    for i in range(len(partition) - 1):
+        for j in range(partition[i], partition[i + 1]):
+            current[j] = i
+    sub = MigrationProblem(problem.loads, problem.state_sizes, tuple(current), workers,
+                           problem.tau, problem.nonempty)
+    tight = sub.total_load / workers + cap_scale * (sub.cap - sub.total_load / workers)
+    if infeasibility(sub):
+        return None
+    gain, split = _ding_partition(sub, tight, [(partition[i], partition[i + 1])
+                                               for i in range(len(partition) - 1)])
+    if not split:
+        return None
+    return tuple([s for s, _, _ in split] + [len(problem.loads)])
+
+
+def plan_mtm(problem: MigrationProblem, mtm: dict[int, dict[int, float]], gamma: float = 0.8,
+             depth: int = 2, tightenings: Sequence[float] = (1.0, 0.75, 0.5, 0.25, 0.0),
+             iterations: int = 50) -> MigrationPlan:
+    """MTM-aware migration (Ding Def. 4.1, §4): minimise the single-step cost plus γ times
+    the projected cost of the resulting partition,
+
+        C(P) = Σ_{n″} M[|P|, n″] · min_{P″ ∈ Π(n″,τ)} [ c(P, P″) + γ·C(P″) ]
+
+    (the digest's reading of PMC, Fig. 6, as a Bellman equation over partitionings).
+
+    Tractable candidate set (our reduction; the paper's Π(n,τ) has ~10¹⁴ members at
+    G = 64): for the worker counts reachable in the MTM, only partitions that Ding's exact
+    planner returns — from the current layout and, ``depth`` levels deep, from every
+    candidate — under a ladder of tightened caps W/n + t·(cap − W/n), t ∈ ``tightenings``.
+    Tighter caps give better-balanced layouts that are cheaper to leave later; t = 1 is
+    the myopic optimum, so γ = 0 (or an MTM without successors) gives ``plan_ding``'s
+    cost. C is computed by value iteration on that finite set; every candidate meets the
+    current cap, so the result is feasible whenever ``plan_ding``'s is.
+    """
+    started = time.perf_counter()
+    if not 0 <= gamma < 1:
+        raise PlanningError("gamma: must be in [0, 1)")
+    for n, row in mtm.items():
+        total = sum(row.values())
+        if any(p < 0 for p in row.values()) or (row and abs(total - 1) > 1e-6):
+            raise PlanningError(f"mtm[{n}]: probabilities must be >= 0 and sum to 1")
+    myopic = plan_ding(problem)
+    if not myopic.feasible:
+        return dataclasses.replace(myopic, planner="mtm")
+    start = partition_of(problem.current)
+    n2 = problem.target_workers
+    # Candidates for this step, then successors level by level.
+    by_count: dict[int, set[Partition]] = {}
+    frontier: set[Partition] = set()
+    for t in tightenings:
+        p = _ding_from(start, problem, n2, t)
+        if p is not None:
+            frontier.add(p)
+    by_count.setdefault(n2, set()).update(frontier)
+    for _ in range(depth):
+        nxt: set[Partition] = set()
+        for p in frontier:
+            for n3, prob in mtm.get(len(p) - 1, {}).items():
+                if prob <= 0:
+                    continue
+                for t in tightenings:
+                    q = _ding_from(p, problem, n3, t)
+                    if q is not None and q not in by_count.get(n3, set()):
+                        nxt.add(q)
+                        by_count.setdefault(n3, set()).add(q)
+        frontier = nxt
+    everything = [p for ps in by_count.values() for p in ps]
+    cost_cache: dict[tuple[Partition, Partition], float] = {}
+
+    def c(a: Partition, b: Partition) -> float:
+        if (a, b) not in cost_cache:
+            cost_cache[(a, b)] = transition_cost(a, b, problem.state_sizes)
+        return cost_cache[(a, b)]
+
+    projected = {p: 0.0 for p in everything}
+    for _ in range(iterations):
+        delta = 0.0
+        for p in everything:
+            value = 0.0
+            for n3, prob in mtm.get(len(p) - 1, {}).items():
+                options = by_count.get(n3)
+                if prob > 0 and options:
+                    value += prob * min(c(p, q) + gamma * projected[q] for q in options)
+            delta = max(delta, abs(value - projected[p]))
+            projected[p] = value
+        if delta < 1e-9:
+            break
+    here = by_count[n2]
+    best = min(here, key=lambda p: (c(start, p) + gamma * projected[p], c(start, p), p))
+    # Relabel the chosen partition onto worker ids with Ding's own matching: Ding with the
+    # cap tightened to exactly this partition's bottleneck may still pick another split
+    # of equal cost, so match ranges to owners directly.
+    assignment = _label_partition(problem, best)
+    plan = evaluate(problem, "mtm", assignment, (time.perf_counter() - started) * 1e3,
+                    extra={"projected_cost": projected[best], "gamma": gamma,
+                           "candidates": len(everything),
+                           "myopic_cost": myopic.migration_cost})
+    return plan
+
+
+def _label_partition(problem: MigrationProblem, partition: Partition) -> list[int]:
+    """Worker ids for the ranges of a fixed partition, keeping the most state (Ding's DP
+    restricted to these ranges: same order argument, one range per step)."""
+    owner_ranges = contiguous_ranges(problem.current)
+    old_ids = sorted(owner_ranges, key=lambda w: owner_ranges[w][0])
+    ranges = [owner_ranges[w] for w in old_ids]
+    prefix = np.concatenate(([0.0], np.cumsum(problem.state_sizes)))
+    spans = [(partition[i], partition[i + 1]) for i in range(len(partition) - 1)]
+    k, n = len(spans), len(ranges)
+    # best[i][y]: the first i ranges placed, the last one that keeps state on old node
+    # y−1 (y = 0: none yet). A range keeps state only on a node after the previous one.
+    best = np.full((k + 1, n + 1), -np.inf)
+    best[0, 0] = 0.0
+    choice: dict[tuple[int, int], tuple[int, int]] = {}
+    for i, (a, b) in enumerate(spans, start=1):
+        for y in range(n + 1):
+            cand, pick = best[i - 1, y], (y, -1)  # free range
+            if y > 0:
+                lo, hi = max(a, ranges[y - 1][0]), min(b, ranges[y - 1][1])
+                gain = prefix[hi] - prefix[lo] if hi > lo else 0.0
+                for prev in range(y):
+                    if best[i - 1, prev] + gain > cand:
+                        cand, pick = best[i - 1, prev] + gain, (prev, y - 1)
+            best[i, y] = cand
+            choice[(i, y)] = pick
+    y = int(np.argmax(best[k]))
+    split: list[tuple[int, int, int]] = []
+    for i in range(k, 0, -1):
+        prev_y, node = choice[(i, y)]
+        split.append((spans[i - 1][0], spans[i - 1][1], node))
+        y = prev_y
+    split.reverse()
+    return _assign_free(problem, old_ids, ranges, split)
+
+
+def plan(problem: MigrationProblem, planner: str, **options: object) -> MigrationPlan:
+    """Dispatch by name (the CLI's ``--planner``)."""
+    if planner == "ding":
+        return plan_ding(problem)
+    if planner == "mtm":
+        return plan_mtm(problem, **options)  # type: ignore[arg-type]
+    if planner == "consistent-hash":
+        return plan_consistent_hash(problem)
+    if planner == "balanced":
+        return plan_balanced(problem)
+    if planner == "flux":
+        return plan_flux(problem)
+    if planner == "scratch":
+        return plan_scratch(problem)
+    raise PlanningError(f"planner: unknown {planner!r}; choose from {', '.join(PLANNERS)}")
