@@ -2,6 +2,10 @@
 
     python -m control decide [FILE|-] [--solver bnb|dp|exhaustive]
     python -m control bench-mpc [--workers 12] [--freqs 9] [--horizon 1..5] [--instances 20]
+    python -m control plan-migration [FILE|-] [--planner ding|mtm|consistent-hash|...]
+    python -m control schedule-migration [FILE|-] [--strategy all-at-once|fluid|batched]
+    python -m control plan-fusion [FILE|-] [--algorithm cola|none|fuse-all|greedy-merge]
+    python -m control bench-planning [--quick]
 
 The ``decide`` input schema is documented in ``control/README.md``.
 """
@@ -16,6 +20,7 @@ from typing import Any
 
 from control import forecasting as fc
 from control import sysmodel as sm
+from control.planning import cli as planning_cli
 from control.strategies import mpc
 
 # Thesis Table 7.1 (N = 12, |F| = 9): B&B states explored.
@@ -188,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="run B&B up to this horizon (Python B&B can take minutes at h=5)")
     b.add_argument("--exhaustive-limit", type=int, default=20_000,
                    help="check against exhaustive search when (N|F|)^h is at most this")
+    planning_cli.add_commands(sub)
     args = ap.parse_args(argv)
+    if getattr(args, "planning", None):
+        return planning_cli.run(args)
     return cmd_decide(args) if args.command == "decide" else cmd_bench(args)
 
 
