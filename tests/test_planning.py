@@ -126,6 +126,21 @@ def test_baselines_keep_ids_and_report_feasibility() -> None:
         mig.plan_ding(mig.MigrationProblem(loads, (1.0,) * 8, (0, 1, 0, 1, 0, 1, 0, 1), 2, 0.5))
 
 
+def test_ding_ordered_plans_from_any_layout() -> None:
+    rng = random.Random(5)
+    for _ in range(50):
+        g = rng.randint(4, 12)
+        current = tuple(rng.randrange(3) for _ in range(g))
+        loads = tuple(rng.random() + 0.1 for _ in range(g))
+        problem = mig.MigrationProblem(loads, tuple(rng.random() for _ in range(g)), current,
+                                       rng.randint(1, 4), 1.0)
+        plan = mig.plan_ding_ordered(problem)
+        assert plan.feasible == (not mig.infeasibility(problem)) or not plan.feasible
+        if plan.feasible:
+            assert plan.max_load <= plan.cap * (1 + 1e-9)
+            assert len(set(plan.assignment)) <= problem.target_workers
+
+
 @pytest.mark.parametrize("strategy", sch.STRATEGIES)
 def test_schedules_move_every_group_exactly_once(strategy: str) -> None:
     rng = random.Random(11)

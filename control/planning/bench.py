@@ -26,7 +26,7 @@ import numpy as np
 from control.planning import migration as mig
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "elastic-hft" / "random_walk_rates"
-PLANNER_ORDER = ("ding", "mtm", "consistent-hash", "balanced", "flux", "scratch")
+PLANNER_ORDER = ("ding", "ding-ordered", "mtm", "consistent-hash", "balanced", "flux", "scratch")
 
 
 @dataclass
