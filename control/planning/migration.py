@@ -50,7 +50,7 @@ from control.strategies import rebalance
 # Loads are floats: a range whose load exceeds the cap by less than this relative
 # tolerance is accepted (so an exactly balanced split at τ = 0 is feasible).
 CAP_TOLERANCE = 1e-9
-PLANNERS = ("ding", "ding-ordered", "mtm", "consistent-hash", "balanced", "flux", "scratch")
+PLANNERS = ("ding", "ding-ordered", "table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
 
 
 @dataclass(frozen=True)
@@ -414,6 +414,191 @@ def plan_ding(problem: MigrationProblem, cap: float | None = None) -> MigrationP
     return plan
 
 
+# --- exact planner over routing tables (Def. 3.2 without contiguity) -------------------
+
+def min_cover(loads: Sequence[float], sizes: Sequence[float], excess: float
+              ) -> tuple[float, tuple[int, ...]]:
+    """The cheapest set of items (least Σ size) whose Σ load ≥ ``excess``: a covering
+    knapsack, solved exactly by a Pareto frontier of (load, size) partial sums, loads
+    clamped at ``excess`` (more is no better). (inf, ()) if even all items fall short."""
+    if excess <= 0:
+        return 0.0, ()
+    frontier: dict[float, tuple[float, tuple[int, ...]]] = {0.0: (0.0, ())}
+    for i, (w, c) in enumerate(zip(loads, sizes, strict=True)):
+        for load, (cost, items) in list(frontier.items()):
+            nl = min(excess, load + w)
+            nc = cost + c
+            if nl not in frontier or nc < frontier[nl][0]:
+                frontier[nl] = (nc, items + (i,))
+        # Keep only non-dominated points: more load must cost strictly more.
+        pruned: dict[float, tuple[float, tuple[int, ...]]] = {}
+        best = np.inf
+        for load in sorted(frontier, reverse=True):
+            if frontier[load][0] < best:
+                pruned[load] = frontier[load]
+                best = frontier[load][0]
+        frontier = pruned
+    top = frontier.get(excess)
+    if top is None:
+        # Float clamping: accept a load within tolerance of the excess.
+        close = [v for k, v in frontier.items() if k >= excess * (1 - CAP_TOLERANCE)]
+        if not close:
+            return np.inf, ()
+        top = min(close)
+    return top
+
+
+def _pack(items: list[tuple[float, int]], room: dict[int, float]) -> dict[int, int] | None:
+    """First-fit decreasing of (load, group) items into workers' spare room (the most
+    room first); None if something does not fit."""
+    room = dict(room)
+    out: dict[int, int] = {}
+    for load, group in sorted(items, key=lambda x: (-x[0], x[1])):
+        fits = [w for w, r in room.items() if load <= r * (1 + CAP_TOLERANCE) + 1e-12]
+        if not fits:
+            return None
+        w = max(fits, key=lambda w: (room[w], -w))
+        out[group] = w
+        room[w] -= load
+    return out
+
+
+def plan_table(problem: MigrationProblem, max_retire_sets: int = 5000) -> MigrationPlan:
+    """Def. 3.2 for an explicit routing table (any set of groups per worker, which is
+    what Spark's state-store placement is): the least state moved such that every
+    worker's load ≤ cap, with n′ workers.
+
+    Decomposition: retiring worker r costs its whole state; a kept worker w over the cap
+    must shed load ≥ load_w − cap, cheapest by the covering knapsack ``min_cover``
+    (exact). So the cost of a retire set R is the lower bound
+    LB(R) = Σ_{r∈R} state_r + Σ_{w∉R} cover_w, and a plan achieving it exists when the
+    shed and retired groups fit into the spare room (first-fit decreasing). Retire sets
+    are tried in increasing LB; if the LB-minimal one packs, the plan is optimal
+    (``exact`` true); a later one is reported with ``exact`` false.
+    When packing fails everywhere (very tight caps) it falls back to Flux's result
+    (``exact`` false). ``nonempty`` new workers receive the cheapest movable groups
+    afterwards (``exact`` false when that moved anything)."""
+    started = time.perf_counter()
+    reason = ""
+    if max(problem.loads) > problem.cap * (1 + CAP_TOLERANCE):
+        reason = infeasibility(problem)
+    if reason:
+        return _infeasible_plan(problem, "table", reason, started)
+    old = list(problem.current_workers)
+    groups: dict[int, list[int]] = {w: [] for w in old}
+    for j, w in enumerate(problem.current):
+        groups[w].append(j)
+    cap = problem.cap
+    state = {w: sum(problem.state_sizes[j] for j in groups[w]) for w in old}
+    load = {w: sum(problem.loads[j] for j in groups[w]) for w in old}
+    cover = {}
+    for w in old:
+        cost, items = min_cover([problem.loads[j] for j in groups[w]],
+                                [problem.state_sizes[j] for j in groups[w]],
+                                load[w] - cap)
+        cover[w] = (cost, [groups[w][i] for i in items])
+    n, n2 = len(old), problem.target_workers
+    new_ids = [max(old) + 1 + i for i in range(max(0, n2 - n))]
+    k = max(0, n - n2)
+    # Retire sets by increasing LB: exhaustive when small, else the k cheapest plus
+    # single swaps (then exactness is not claimed unless the first one packs — it is
+    # still the LB-minimal set, so packing it proves optimality).
+    delta = {w: state[w] - cover[w][0] for w in old}
+    ranked = sorted(old, key=lambda w: (delta[w], w))
+    if k == 0:
+        retire_sets: list[tuple[int, ...]] = [()]
+    elif _n_choose_k(n, k) <= max_retire_sets:
+        retire_sets = sorted(itertools.combinations(old, k),
+                             key=lambda r: (sum(delta[w] for w in r), r))
+    else:
+        first = tuple(sorted(ranked[:k]))
+        swaps = {tuple(sorted(set(first) - {a} | {b})) for a in first for b in ranked[k:]}
+        retire_sets = [first, *sorted(swaps, key=lambda r: (sum(delta[w] for w in r), r))]
+    base = sum(c for c, _ in cover.values())
+    lb_min = base + min((sum(delta[w] for w in r) for r in retire_sets), default=0.0)
+    for retire in retire_sets:
+        kept = [w for w in old if w not in retire]
+        items = [(problem.loads[j], j) for r in retire for j in groups[r]]
+        room = {w: cap for w in new_ids}
+        for w in kept:
+            shed = cover[w][1]
+            items += [(problem.loads[j], j) for j in shed]
+            room[w] = cap - (load[w] - sum(problem.loads[j] for j in shed))
+        if any(np.isinf(cover[w][0]) for w in kept):
+            continue
+        placed = _pack(items, room)
+        if placed is None:
+            continue
+        assignment = list(problem.current)
+        for j, w in placed.items():
+            assignment[j] = w
+        # Optimal only if this retire set reaches the smallest lower bound: a set that
+        # failed to pack might still beat it with costlier shedding.
+        lower = base + sum(delta[w] for w in retire)
+        exact = lower <= lb_min + 1e-9 * (1 + abs(lb_min))
+        if problem.nonempty:
+            exact = _fill_empty(problem, assignment, kept + new_ids) and exact
+        plan = evaluate(problem, "table", assignment, (time.perf_counter() - started) * 1e3,
+                        extra={"exact": exact, "lower_bound": lb_min})
+        return plan
+    fallback = plan_flux(problem)
+    return dataclasses.replace(fallback, planner="table",
+                               solve_ms=(time.perf_counter() - started) * 1e3,
+                               extra={"exact": False, "fallback": "flux"})
+
+
+def _n_choose_k(n: int, k: int) -> int:
+    from math import comb
+
+    return comb(n, k)
+
+
+def _fill_empty(problem: MigrationProblem, assignment: list[int], workers: list[int]) -> bool:
+    """Give every empty worker the cheapest group that can move to it within the cap
+    (from a worker keeping ≥ 1 group). True if nothing had to move."""
+    untouched = True
+    for w in workers:
+        if w in assignment:
+            continue
+        counts: dict[int, int] = {}
+        for owner in assignment:
+            counts[owner] = counts.get(owner, 0) + 1
+        options = [j for j, owner in enumerate(assignment) if counts[owner] > 1
+                   and problem.loads[j] <= problem.cap * (1 + CAP_TOLERANCE)]
+        if not options:
+            return False
+        j = min(options, key=lambda j: (problem.state_sizes[j], -problem.loads[j], j))
+        assignment[j] = w
+        untouched = False
+    return untouched
+
+
+def table_brute_force(problem: MigrationProblem) -> float | None:
+    """The least migration cost over every routing table (tiny instances only)."""
+    old = list(problem.current_workers)
+    n2 = problem.target_workers
+    if n2 >= len(old):
+        worker_sets = [old + [max(old) + 1 + i for i in range(n2 - len(old))]]
+    else:
+        worker_sets = [list(c) for c in itertools.combinations(old, n2)]
+    cap = problem.cap * (1 + CAP_TOLERANCE)
+    best: float | None = None
+    for ws in worker_sets:
+        for table in itertools.product(ws, repeat=len(problem.loads)):
+            if problem.nonempty and len(set(table)) < n2:
+                continue
+            loads: dict[int, float] = {}
+            for j, w in enumerate(table):
+                loads[w] = loads.get(w, 0.0) + problem.loads[j]
+            if max(loads.values()) > cap:
+                continue
+            cost = sum(problem.state_sizes[j] for j, w in enumerate(table)
+                       if w != problem.current[j])
+            if best is None or cost < best - 1e-12:
+                best = cost
+    return best
+
+
 # --- brute force (the test oracle; tiny instances only) --------------------------------
 
 def interval_partitions(g: int, parts: int, nonempty: bool) -> itertools.chain:
@@ -722,6 +907,8 @@ def plan(problem: MigrationProblem, planner: str, **options: object) -> Migratio
         return plan_ding(problem)
     if planner == "ding-ordered":
         return plan_ding_ordered(problem)
+    if planner == "table":
+        return plan_table(problem)
     if planner == "mtm":
         return plan_mtm(problem, **options)  # type: ignore[arg-type]
     if planner == "consistent-hash":
