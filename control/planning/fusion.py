@@ -18,7 +18,9 @@ phase 1) and PE colocation done in pre-processing:
    ratio cut — a PE holding an exlocated pair first (the cut must separate a pair), then
    a PE above the maximum PE CPU, then the largest multi-operator PE (the Oracle);
 3. post-process: merge the PE pair with the most traffic between them while the merge
-   keeps the plan feasible (the paper's greedy merges);
+   keeps the plan feasible (the paper's greedy merges), alternating with
+   Fiduccia–Mattheyses passes over the PEs (ours) until neither helps; the whole run is
+   repeated with both of the paper's oracles and two sweep widths, best plan kept;
 4. place PEs by LPT list scheduling (Basic), or exactly (minimum max utilisation) when
    the instance is small.
 
@@ -34,6 +36,7 @@ exact minimum-ratio cut.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence
@@ -364,7 +367,8 @@ def _distances(adj: np.ndarray, root: int) -> np.ndarray:
 
 
 def sweep_min_ratio_cut(adj: np.ndarray, weight: np.ndarray,
-                        must_separate: Sequence[tuple[int, int]] = ()) -> tuple[float, np.ndarray]:
+                        must_separate: Sequence[tuple[int, int]] = (),
+                        roots: int = 24) -> tuple[float, np.ndarray]:
     """Sweep cuts over spectral and distance orders, then single-vertex improvement."""
     n = len(weight)
     orders: list[np.ndarray] = []
@@ -374,7 +378,9 @@ def sweep_min_ratio_cut(adj: np.ndarray, weight: np.ndarray,
         orders.append(np.argsort(vecs[:, 1], kind="stable"))
     except np.linalg.LinAlgError:  # pragma: no cover - symmetric input
         pass
-    roots = {int(np.argmax(weight))} | {v for pair in must_separate for v in pair}
+    # Distance sweeps from the ``roots`` heaviest vertices (0: every vertex).
+    heavy = np.argsort(-weight, kind="stable")[: roots or n]
+    roots = {int(v) for v in heavy} | {v for pair in must_separate for v in pair}
     for r in roots:
         d = _distances(adj, r)
         d[np.isinf(d)] = d[np.isfinite(d)].max() + 1 if np.isfinite(d).any() else 0
@@ -422,7 +428,8 @@ def sweep_min_ratio_cut(adj: np.ndarray, weight: np.ndarray,
 
 
 def split_pe(ev: Evaluator, atoms: Sequence[Sequence[int]],
-             must_separate: Sequence[tuple[int, int]] = ()) -> tuple[list[int], list[int]]:
+             must_separate: Sequence[tuple[int, int]] = (),
+             roots: int = 24) -> tuple[list[int], list[int]]:
     """Split a PE made of ``atoms`` (colocated groups, never split) by a min-ratio cut;
     returns the atom indices of the two sides."""
     k = len(atoms)
@@ -439,7 +446,7 @@ def split_pe(ev: Evaluator, atoms: Sequence[Sequence[int]],
     if k <= EXACT_CUT_ATOMS:
         _, side = exact_min_ratio_cut(adj, weight, pairs)
     else:
-        _, side = sweep_min_ratio_cut(adj, weight, pairs)
+        _, side = sweep_min_ratio_cut(adj, weight, pairs, roots)
     left = [i for i in range(k) if not side[i]]
     right = [i for i in range(k) if side[i]]
     if not left or not right:  # defensive: never return an empty side
@@ -511,10 +518,13 @@ def _greedy_merge(ev: Evaluator, pes: list[list[int]]) -> list[list[int]]:
             return pes
 
 
-def cola(problem: FusionProblem, post_process: bool = True, lemma1: bool = True) -> FusionPlan:
-    started = time.perf_counter()
-    ev = Evaluator(problem)
-    atoms = _initial_atoms(problem, ev, lemma1)
+ORACLES = ("largest", "most-loaded-host")
+
+
+def _split_until_feasible(problem: FusionProblem, ev: Evaluator, atoms: list[list[int]],
+                          oracle: str, roots: int) -> tuple[list[list[int]] | None, int, str]:
+    """COLA's top-down loop (Fig. 2). Returns (PEs as operator lists, splits, reason);
+    PEs None when even singletons are not feasible."""
     pes: list[list[int]] = [list(range(len(atoms)))]  # PEs as lists of atom indices
 
     def ops(pe: list[int]) -> list[int]:
@@ -523,15 +533,15 @@ def cola(problem: FusionProblem, post_process: bool = True, lemma1: bool = True)
     splits = 0
     while True:
         op_pes = [ops(pe) for pe in pes]
-        ok, reason, _, _, sizes = ev.check(op_pes)
+        ok, reason, place, loads, sizes = ev.check(op_pes)
         if ok:
-            break
+            return op_pes, splits, ""
         # Oracle: exlocation first (Advanced COLA phase 1), then max PE CPU, then the
-        # largest PE with more than one atom (Basic COLA).
+        # largest PE with more than one atom (Basic COLA) — or, the paper's alternative,
+        # the largest multi-atom PE on the most over-utilised host.
         target, separate = None, ()
         for i, pe in enumerate(op_pes):
-            bad = ev.exlocation_violated(pe)
-            if bad:
+            if ev.exlocation_violated(pe):
                 target = i
                 separate = tuple((a, b) for a, b in problem.exlocate
                                  if a in set(pe) and b in set(pe))
@@ -542,68 +552,147 @@ def cola(problem: FusionProblem, post_process: bool = True, lemma1: bool = True)
                 target = max(over, key=lambda i: sizes[i])
         if target is None:
             multi = [i for i in range(len(pes)) if len(pes[i]) > 1]
+            if multi and oracle == "most-loaded-host" and place:
+                util = [loads[h] / ev.capacity[h] for h in range(len(loads))]
+                hot = max(range(len(util)), key=lambda h: util[h])
+                on_hot = [i for i in multi if place[i] == hot]
+                multi = on_hot or multi
             if multi:
                 target = max(multi, key=lambda i: (sizes[i], -i))
         if target is None or len(pes[target]) < 2:
-            # Splitting adds each cut stream to both PEs' SIZE, so an all-split plan can
-            # be heavier than a fused one: repair by traffic-greedy merging before giving up.
-            repaired = _repair_by_merging(ev, op_pes)
-            if repaired is not None:
-                op_pes = _greedy_merge(ev, repaired) if post_process else repaired
-                return _plan(ev, "cola", op_pes, started,
-                             extra={"splits": splits, "atoms": len(atoms), "repaired": True})
-            plan = _plan(ev, "cola", op_pes, started)
-            return FusionPlan("cola", plan.pes, plan.placement, plan.inter_pe_traffic,
-                              plan.pe_sizes, plan.host_loads, False,
-                              f"no valid plan: even unfused ({reason})", plan.solve_ms)
+            return None, splits, reason
         pe = pes[target]
-        left, right = split_pe(ev, [atoms[a] for a in pe], separate)
+        left, right = split_pe(ev, [atoms[a] for a in pe], separate, roots)
         pes[target:target + 1] = [[pe[i] for i in left], [pe[i] for i in right]]
         splits += 1
-    op_pes = [ops(pe) for pe in pes]
-    if post_process:
-        op_pes = _greedy_merge(ev, op_pes)
-        op_pes = _refine(ev, [[a for a in range(len(atoms)) if atoms[a][0] in set(pe)]
-                              for pe in op_pes], atoms)
-    return _plan(ev, "cola", op_pes, started, extra={"splits": splits, "atoms": len(atoms)})
 
 
-def _refine(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int]]
-            ) -> list[list[int]]:
-    """Single-atom moves to a neighbouring PE while they cut traffic and keep the plan
-    feasible (a Kernighan–Lin/FM-style pass; ours, not in the paper: the hierarchical
-    cuts are approximate, and this repairs their boundary)."""
-    def ops(pe: list[int]) -> list[int]:
-        return [op for a in pe for op in atoms[a]]
-
-    atom_adj = np.zeros((len(atoms), len(atoms)))
-    for i in range(len(atoms)):
-        for j in range(i + 1, len(atoms)):
-            atom_adj[i, j] = atom_adj[j, i] = ev.adj[np.ix_(atoms[i], atoms[j])].sum()
-    improved = True
-    while improved:
-        improved = False
-        where = {a: k for k, pe in enumerate(pes) for a in pe}
-        for a in range(len(atoms)):
-            home = where[a]
-            if len(pes[home]) == 1:
+def cola(problem: FusionProblem, post_process: bool = True, lemma1: bool = True,
+         oracles: Sequence[str] = ORACLES, sweep_roots: Sequence[int] = (1, 24)) -> FusionPlan:
+    """Basic COLA with both of the paper's oracles (§2.2: the largest PE, or the largest
+    PE on the most over-utilised host) and two widths of the sweep cut (distance orders
+    from the heaviest atom only, or from the 24 heaviest); the best feasible plan wins.
+    Post-processing alternates the paper's greedy merges with FM passes until neither
+    helps."""
+    started = time.perf_counter()
+    ev = Evaluator(problem)
+    atoms = _initial_atoms(problem, ev, lemma1)
+    atom_of = {op: a for a, members in enumerate(atoms) for op in members}
+    best: tuple[float, list[list[int]], dict] | None = None
+    last_reason = ""
+    for oracle, roots in itertools.product(oracles, sweep_roots):
+        op_pes, splits, reason = _split_until_feasible(problem, ev, atoms, oracle, roots)
+        extra = {"splits": splits, "atoms": len(atoms), "oracle": oracle,
+                 "sweep_roots": roots}
+        if op_pes is None:
+            # Splitting adds each cut stream to both PEs' SIZE, so an all-split plan can
+            # be heavier than a fused one: repair by traffic-greedy merging.
+            last_reason = reason
+            singletons = [list(a) for a in atoms]
+            op_pes = _repair_by_merging(ev, singletons)
+            if op_pes is None:
                 continue
-            links: dict[int, float] = {}
-            for b in np.nonzero(atom_adj[a])[0]:
-                links[where[int(b)]] = links.get(where[int(b)], 0.0) + atom_adj[a, b]
-            stay = links.get(home, 0.0)
-            for dest, gain in sorted(links.items(), key=lambda kv: -kv[1]):
-                if dest == home or gain <= stay + 1e-12:
-                    continue
-                trial = [list(pe) for pe in pes]
-                trial[home].remove(a)
-                trial[dest].append(a)
-                if ev.check([ops(pe) for pe in trial])[0]:
-                    pes = trial
-                    where[a] = dest
-                    improved = True
+            extra["repaired"] = True
+        if post_process:
+            while True:
+                before = ev.traffic(op_pes)
+                op_pes = _greedy_merge(ev, op_pes)
+                op_pes = _fm_refine(ev, [sorted({atom_of[op] for op in pe})
+                                         for pe in op_pes], atoms)
+                if ev.traffic(op_pes) >= before - 1e-12:
                     break
-    return [ops(pe) for pe in pes]
+        traffic = ev.traffic(op_pes)
+        if best is None or traffic < best[0] - 1e-12:
+            best = (traffic, op_pes, extra)
+    if best is None:
+        pes = [list(a) for a in atoms]
+        plan = _plan(ev, "cola", pes, started)
+        return dataclasses.replace(plan, feasible=False,
+                                   reason=f"no valid plan: even unfused ({last_reason})")
+    return _plan(ev, "cola", best[1], started, extra=best[2])
+
+
+def _fm_refine(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int]],
+               passes: int = 8, spare: int = 2) -> list[list[int]]:
+    """Fiduccia–Mattheyses passes over the k-way partition of atoms (ours; the paper's
+    cuts are approximate). In a pass every atom moves at most once, always the best-gain
+    move that keeps the plan feasible (gain may be negative, to climb out of local
+    minima); the pass then rolls back to its best prefix. Stops when a pass gains
+    nothing. Gains come from an atom×PE link matrix updated per move."""
+    pes = [list(pe) for pe in pes] + [[] for _ in range(spare)]  # room for new PEs
+    n_atoms, k = len(atoms), len(pes)
+    if k < 2:
+        return [[op for a in pe for op in atoms[a]] for pe in pes if pe]
+    atom_adj = np.zeros((n_atoms, n_atoms))
+    for i in range(n_atoms):
+        for j in range(i + 1, n_atoms):
+            atom_adj[i, j] = atom_adj[j, i] = ev.adj[np.ix_(atoms[i], atoms[j])].sum()
+    where = np.empty(n_atoms, dtype=int)
+    for q, pe in enumerate(pes):
+        if pe:
+            where[pe] = q
+    ex_atoms = {}
+    atom_of = {op: a for a, members in enumerate(atoms) for op in members}
+    for a, b in ev.problem.exlocate:
+        ex_atoms.setdefault(atom_of[a], set()).add(atom_of[b])
+        ex_atoms.setdefault(atom_of[b], set()).add(atom_of[a])
+    limit = ev.problem.max_pe_cpu
+
+    def members(q: int) -> list[int]:
+        return [op for a in np.nonzero(where == q)[0] for op in atoms[a]]
+
+    def feasible(sizes: list[float]) -> bool:
+        live = [x for x in sizes if x > 0]
+        if limit is not None and any(x > limit * (1 + 1e-9) for x in live):
+            return False
+        _, loads = ev.lpt(live)
+        return all(ld <= c * (1 + 1e-9) for ld, c in zip(loads, ev.capacity, strict=True))
+
+    sizes = [ev.pe_size(members(q)) if (where == q).any() else 0.0 for q in range(k)]
+    for _ in range(passes):
+        links = np.zeros((n_atoms, k))
+        for q in range(k):
+            links[:, q] = atom_adj[:, where == q].sum(axis=1)
+        locked = np.zeros(n_atoms, dtype=bool)
+        history: list[tuple[int, int, int, float]] = []  # atom, from, to, gain
+        total, best_total, best_len = 0.0, 0.0, 0
+        for _step in range(n_atoms):
+            own = links[np.arange(n_atoms), where]
+            gain = links - own[:, None]
+            gain[np.arange(n_atoms), where] = -np.inf
+            gain[locked] = -np.inf
+            moved = False
+            for flat in np.argsort(-gain, axis=None)[: 4 * k + 8]:
+                a, q = divmod(int(flat), k)
+                if not np.isfinite(gain[a, q]):
+                    break
+                if any(where[b] == q for b in ex_atoms.get(a, ())):
+                    continue
+                p = int(where[a])
+                where[a] = q
+                trial = list(sizes)
+                trial[p] = ev.pe_size(members(p)) if (where == p).any() else 0.0
+                trial[q] = ev.pe_size(members(q))
+                if feasible(trial):
+                    sizes = trial
+                    links[:, p] -= atom_adj[:, a]
+                    links[:, q] += atom_adj[:, a]
+                    locked[a] = True
+                    total += float(gain[a, q])
+                    history.append((a, p, q, float(gain[a, q])))
+                    if total > best_total + 1e-12:
+                        best_total, best_len = total, len(history)
+                    moved = True
+                    break
+                where[a] = p
+            if not moved:
+                break
+        for a, p, _q, _g in reversed(history[best_len:]):  # roll back past the best
+            where[a] = p
+        sizes = [ev.pe_size(members(q)) if (where == q).any() else 0.0 for q in range(k)]
+        if best_total <= 1e-12:
+            break
+    return [members(q) for q in range(k) if (where == q).any()]
 
 
 # --- baselines -------------------------------------------------------------------------
