@@ -6,6 +6,9 @@
     python -m control schedule-migration [FILE|-] [--strategy all-at-once|fluid|batched]
     python -m control plan-fusion [FILE|-] [--algorithm cola|none|fuse-all|greedy-merge]
     python -m control bench-planning [--quick]
+    python -m control simulate [FILE|-] [--summary-only]
+    python -m control reproduce-thesis [--seeds 3] [--steps 180]
+    python -m control bench-sim
 
 The ``decide`` input schema is documented in ``control/README.md``.
 """
@@ -21,6 +24,7 @@ from typing import Any
 from control import forecasting as fc
 from control import sysmodel as sm
 from control.planning import cli as planning_cli
+from control.sim import cli as sim_cli
 from control.strategies import mpc
 
 # Thesis Table 7.1 (N = 12, |F| = 9): B&B states explored.
@@ -194,9 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--exhaustive-limit", type=int, default=20_000,
                    help="check against exhaustive search when (N|F|)^h is at most this")
     planning_cli.add_commands(sub)
+    sim_cli.add_commands(sub)
     args = ap.parse_args(argv)
     if getattr(args, "planning", None):
         return planning_cli.run(args)
+    if getattr(args, "simulation", None):
+        return args.simulation(args)
     return cmd_decide(args) if args.command == "decide" else cmd_bench(args)
 
 

@@ -1,0 +1,64 @@
+"""``python -m control simulate | reproduce-thesis | bench-sim``.
+
+``simulate`` reads a JSON scenario (file, or stdin for ``-``/nothing) and prints the
+per-step series and the summary of every strategy; bad input prints one line
+``error: …`` on stderr and exits 2. Schema: ``control/sim/README.md``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from control import sim
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    try:
+        text = sys.stdin.read() if args.file in (None, "-") else open(args.file).read()
+    except OSError as exc:
+        print(f"error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        return 2
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        print(f"error: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+              file=sys.stderr)
+        return 2
+    try:
+        out = sim.simulate(doc)
+    except sim.ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.summary_only:
+        for res in out["results"]:
+            res.pop("series")
+    print(json.dumps(out, allow_nan=False))
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from control.sim import thesis
+
+    return thesis.main(seeds=args.seeds, steps=args.steps)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from control.sim import thesis
+
+    thesis.bench(steps=args.steps)
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    s = sub.add_parser("simulate", help="run strategies on a simulated elastic operator")
+    s.add_argument("file", nargs="?")
+    s.add_argument("--summary-only", action="store_true", help="leave out per-step series")
+    s.set_defaults(simulation=cmd_simulate)
+    r = sub.add_parser("reproduce-thesis", help="the thesis' strategy grid and its checks")
+    r.add_argument("--seeds", type=int, default=3)
+    r.add_argument("--steps", type=int, default=180)
+    r.set_defaults(simulation=cmd_reproduce)
+    b = sub.add_parser("bench-sim", help="simulator timing targets")
+    b.add_argument("--steps", type=int, default=180)
+    b.set_defaults(simulation=cmd_bench)
