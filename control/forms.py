@@ -34,3 +34,134 @@ class PolicyForm(forms.ModelForm):
         if not isinstance(value, dict):
             raise forms.ValidationError("Must be a JSON object, e.g. {} or {\"horizon\": 2}.")
         return value
+
+
+class LabForm(forms.Form):
+    """The Strategy Lab form: a workload, the platform, and the strategies to compare.
+    ``clean`` builds the simulator's scenario document and validates it with the
+    simulator itself, so every error the CLI would give shows here, on its field."""
+
+    WORKLOADS = [("random_walk", "Thesis random walk (180 s, 135K–458K tuples/s)"),
+                 ("step", "Step"), ("sine", "Sine"), ("spike", "Spike"),
+                 ("trace", "Uploaded CSV trace (one rate per row)")]
+    KEYS = [("file", "HFT symbols (2,836, thesis artifact)"), ("zipf", "Zipf"),
+            ("uniform", "Uniform")]
+
+    name = forms.CharField(max_length=100, initial="comparison")
+    workload = forms.ChoiceField(choices=WORKLOADS, initial="random_walk")
+    rate_scale = forms.FloatField(
+        initial=0.04, min_value=0.0,
+        help_text="Multiplies the trace: 0.04 = 1/25, one triggering tuple in δ = 25.")
+    base_rate = forms.FloatField(initial=8000, min_value=0, required=False,
+                                 help_text="Step/sine/spike: base rate (tuples/s).")
+    peak_rate = forms.FloatField(initial=16000, min_value=0, required=False,
+                                 help_text="Step: rate after; sine: amplitude; spike: peak.")
+    at_s = forms.FloatField(initial=60, min_value=0, required=False,
+                            help_text="Step/spike: when (s); sine: period (s).")
+    trace_file = forms.FileField(required=False, help_text="CSV for the uploaded trace.")
+    keys = forms.ChoiceField(choices=KEYS, initial="file")
+    key_count = forms.IntegerField(initial=2836, min_value=1, max_value=1_000_000)
+    zipf_s = forms.FloatField(initial=1.0, min_value=0)
+    service_ms = forms.FloatField(initial=0.5, min_value=1e-6,
+                                  help_text="Time per triggering tuple at the top frequency.")
+    steps = forms.IntegerField(initial=180, min_value=1, max_value=10_000)
+    step_s = forms.FloatField(initial=1.0, min_value=0.01, help_text="Control step (s).")
+    seed = forms.IntegerField(initial=1, min_value=0)
+    latency_bound_ms = forms.FloatField(initial=1.5, min_value=1e-6)
+    max_workers = forms.IntegerField(initial=12, min_value=1, max_value=1000)
+    mode = forms.ChoiceField(choices=[("queue", "Queues (record at a time)"),
+                                      ("microbatch", "Micro-batches (Spark)")])
+    strategies = forms.MultipleChoiceField(widget=forms.CheckboxSelectMultiple)
+    parameters = forms.CharField(
+        required=False, initial="{}", widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
+        help_text='Per strategy name, e.g. {"lat-node": {"alpha": 3, "forecaster": "ma3"}}.')
+
+    def __init__(self, *args, **kwargs) -> None:
+        from control import lab
+
+        super().__init__(*args, **kwargs)
+        self.fields["strategies"].choices = [(k, k) for k in lab.PRESETS]
+        self.fields["strategies"].initial = list(lab.DEFAULT_PRESETS)
+        self.scenario: dict | None = None
+
+    def clean_parameters(self) -> dict:
+        text = (self.cleaned_data.get("parameters") or "").strip() or "{}"
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(
+                f"Invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+            raise forms.ValidationError('Must map strategy names to objects, e.g. '
+                                        '{"lat-node": {"alpha": 3}}.')
+        return value
+
+    def clean(self) -> dict:
+        from control import lab, sim
+
+        data = super().clean()
+        if self.errors:
+            return data
+        kind = data["workload"]
+        rate: dict = {"kind": kind, "scale": data["rate_scale"]}
+        base, peak, at = data.get("base_rate"), data.get("peak_rate"), data.get("at_s")
+        if kind == "step":
+            rate.update(before=base, after=peak, at_s=at)
+        elif kind == "sine":
+            rate.update(base=base, amplitude=peak, period_s=at)
+        elif kind == "spike":
+            rate.update(base=base, peak=peak, at_s=at, length_s=max(1.0, (at or 0) / 4))
+        elif kind == "trace":
+            upload = data.get("trace_file")
+            if upload is None:
+                self.add_error("trace_file", "Upload a CSV trace for this workload.")
+                return data
+            try:
+                rate["rates"] = sim.workloads.parse_csv_trace(
+                    upload.read().decode("utf-8", errors="replace"))
+            except sim.ScenarioError as exc:
+                self.add_error("trace_file", str(exc))
+                return data
+        keys: dict = {"kind": data["keys"]}
+        if data["keys"] != "file":
+            keys.update(n=data["key_count"], s=data["zipf_s"])
+        params = data.get("parameters") or {}
+        unknown = sorted(set(params) - set(sim.STRATEGY_NAMES))
+        if unknown:
+            self.add_error("parameters", f"Unknown strategy name(s): {', '.join(unknown)}.")
+            return data
+        specs = []
+        for preset in data["strategies"]:
+            spec = dict(lab.PRESETS[preset])
+            spec.update(params.get(spec["name"], {}))
+            spec["label"] = preset
+            specs.append(spec)
+        scenario = {
+            "steps": data["steps"], "step_s": data["step_s"], "seed": data["seed"],
+            "workload": {"rate": rate, "keys": keys, "service": {"mean_ms": data["service_ms"]}},
+            "qos": {"latency_bound_ms": data["latency_bound_ms"]},
+            "system": {"max_workers": data["max_workers"], "mode": data["mode"],
+                       "initial_workers": max(1, data["max_workers"] // 2),
+                       "rebalancer": "flux" if data["max_workers"] <= 64 else "balanced"},
+            "strategies": specs,
+        }
+        try:
+            scn = sim.parse_scenario(scenario)
+            for i, spec in enumerate(specs):
+                sim.build_controller(spec, scn, i)
+        except sim.ScenarioError as exc:
+            field = _field_for(str(exc))
+            self.add_error(field, str(exc))
+            return data
+        self.scenario = scenario
+        return data
+
+
+def _field_for(message: str) -> str | None:
+    """The form field a simulator error names (None: a form-wide error)."""
+    for prefix, field in (("strategies", "parameters"), ("workload.rate", "workload"),
+                          ("workload.keys", "keys"), ("qos.", "latency_bound_ms"),
+                          ("system.", "max_workers"), ("steps", "steps")):
+        if message.startswith(prefix):
+            return field
+    return None

@@ -59,3 +59,38 @@ class Policy(models.Model):
             errors["strategy_params"] = "must be a JSON object, e.g. {} or {\"horizon\": 2}"
         if errors:
             raise ValidationError(errors)
+
+
+class LabStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class LabRun(models.Model):
+    """One Strategy Lab comparison: the scenario as submitted (the simulator's JSON
+    document, ``control/sim/README.md``), its progress, and the stored result."""
+
+    name = models.CharField(max_length=100)
+    scenario = models.JSONField()
+    status = models.CharField(max_length=10, choices=LabStatus.choices,
+                              default=LabStatus.PENDING)
+    progress = models.PositiveIntegerField(default=0)  # strategies finished
+    total = models.PositiveIntegerField(default=0)  # strategies to run
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    duration_s = models.FloatField(null=True, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"lab {self.pk}: {self.name}"
+
+    @property
+    def percent(self) -> int:
+        return int(100 * self.progress / self.total) if self.total else 0

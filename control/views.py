@@ -2,8 +2,9 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from control.forms import PolicyForm
 from control.models import Policy
@@ -27,3 +28,71 @@ def policy_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
         messages.success(request, f"Policy {saved.name} saved.")
         return redirect("policy-list")
     return render(request, "control/policy_form.html", {"form": form, "policy": policy})
+
+
+@login_required
+def lab_list(request: HttpRequest) -> HttpResponse:
+    from control.models import LabRun
+
+    return render(request, "control/lab_list.html", {"labs": LabRun.objects.all()[:100]})
+
+
+@login_required
+def lab_new(request: HttpRequest) -> HttpResponse:
+    from control import lab
+    from control.forms import LabForm
+
+    form = LabForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        run = lab.start_lab(request.user, form.cleaned_data["name"], form.scenario)
+        return redirect("lab-detail", pk=run.pk)
+    return render(request, "control/lab_form.html", {"form": form})
+
+
+@login_required
+def lab_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    from control import lab
+    from control.models import LabRun
+
+    run = get_object_or_404(LabRun, pk=pk)
+    return render(request, "control/lab_detail.html",
+                  {"lab": run, "rows": lab.summary_rows(run), "result": run.result})
+
+
+@login_required
+def lab_status(request: HttpRequest, pk: int) -> JsonResponse:
+    from control.models import LabRun
+
+    run = get_object_or_404(LabRun, pk=pk)
+    return JsonResponse({"status": run.status, "progress": run.progress, "total": run.total,
+                         "percent": run.percent, "error": run.error})
+
+
+@login_required
+def lab_bundle(request: HttpRequest, pk: int) -> HttpResponse:
+    from control import lab
+    from control.models import LabRun, LabStatus
+
+    run = get_object_or_404(LabRun, pk=pk)
+    if run.status != LabStatus.DONE:
+        messages.error(request, "The comparison has no result yet.")
+        return redirect("lab-detail", pk=pk)
+    response = HttpResponse(lab.bundle(run), content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="streamwise-lab-{pk}.zip"'
+    return response
+
+
+@login_required
+@permission_required("control.add_policy", raise_exception=True)
+@require_POST
+def lab_make_policy(request: HttpRequest, pk: int) -> HttpResponse:
+    from control import lab
+    from control.models import LabRun
+
+    run = get_object_or_404(LabRun, pk=pk)
+    policy, message = lab.policy_from_lab(run, request.POST.get("label", ""), request.user)
+    if policy is None:
+        messages.error(request, message)
+        return redirect("lab-detail", pk=pk)
+    messages.success(request, message)
+    return redirect("policy-edit", pk=policy.pk)

@@ -200,15 +200,21 @@ def build_controller(spec: Any, scn: en.Scenario, index: int = 0) -> tuple[str, 
 
 
 def simulate(doc: Any, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Run every strategy of the scenario; JSON-ready output (series + summaries)."""
+    """Run every strategy of the scenario; JSON-ready output (series + summaries).
+    ``progress(done, total)`` is called every 10 steps (steps summed over strategies)."""
     scn = parse_scenario(doc)
     specs = doc.get("strategies", [{"name": "lat-node"}])
     if not isinstance(specs, list) or not specs:
         raise ScenarioError("strategies: need a non-empty list of {name, …}")
     built = [build_controller(spec, scn, i) for i, spec in enumerate(specs)]
     results = []
+    total = len(built) * scn.steps
     for i, (label, ctl) in enumerate(built):
-        res = en.run(scn, label, ctl)
+        def step_done(t: int, offset: int = i * scn.steps) -> None:
+            if progress and (t + 1) % 10 == 0:
+                progress(offset + t + 1, total)
+
+        res = en.run(scn, label, ctl, on_step=step_done)
         mape = getattr(getattr(ctl, "controller", None), "forecast_mape", None)
         summary = dict(res.summary)
         if mape is not None and math.isfinite(mape):
@@ -216,7 +222,7 @@ def simulate(doc: Any, progress: Callable[[int, int], None] | None = None) -> di
         results.append({"label": label, "summary": summary, "series": _clean(res.series()),
                         "conservation_error": res.conservation_error})
         if progress:
-            progress(i + 1, len(built))
+            progress((i + 1) * scn.steps, total)
     return {"steps": scn.steps, "step_s": scn.step_s,
             "latency_bound_ms": scn.latency_bound_s * 1e3, "power": "modelled (Eq. 6.11)",
             "results": results}

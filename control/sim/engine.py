@@ -275,7 +275,8 @@ class Simulation:
 
 
 def run(scn: Scenario, label: str, controller: Callable[[Measurement, Config],
-        tuple[Config, float | None]]) -> SimResult:
+        tuple[Config, float | None]], on_step: Callable[[int], None] | None = None
+        ) -> SimResult:
     """Simulate ``scn.steps`` steps with ``controller`` deciding after each one."""
     sim = Simulation(scn)
     records: list[StepRecord] = []
@@ -296,6 +297,8 @@ def run(scn: Scenario, label: str, controller: Callable[[Measurement, Config],
         u, forecast = controller(m, Config(sim.n, sim.f))
         solve_ms = (time.perf_counter() - started) * 1e3
         sim.apply(u)
+        if on_step:
+            on_step(t)
     queued = float(sim.queue.sum() + sim.backlog.sum())
     error = abs(sim.total_in - sim.total_out - queued) / max(sim.total_in, 1.0)
     return SimResult(label, records, summarise(records, scn), error)
