@@ -9,8 +9,6 @@ import zipfile
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from tests.conftest import wait_for
-
 FORM = {"name": "t", "workload": "random_walk", "rate_scale": "0.04", "base_rate": "8000",
         "peak_rate": "16000", "at_s": "60", "keys": "file", "key_count": "2836",
         "zipf_s": "1", "service_ms": "0.5", "steps": "40", "step_s": "1", "seed": "1",
