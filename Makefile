@@ -11,11 +11,15 @@ test:           ## the whole suite, on PostgreSQL and on SQLite
 BENCH_ENV = STREAMWISE_VAR=$(CURDIR)/var/bench REDIS_URL=redis://127.0.0.1:6379/13 \
 	DATABASE_URL=sqlite:///$(CURDIR)/var/bench/db.sqlite3
 
-bench:          ## push latency and sink-vs-Spark agreement, printed as ratios
+bench:          ## push latency, sink vs Spark, MPC, planners, simulator (ratios vs baselines)
 	bash .ci/bootstrap.sh --test
 	bash .ci/services.sh
 	$(BENCH_ENV) .venv/bin/python manage.py bench_push
 	$(BENCH_ENV) .venv/bin/python -m pipelines.bench
+	.venv/bin/python -m control bench-mpc --instances 10
+	.venv/bin/python -m control bench-planning
+	.venv/bin/python -m control bench-sim
+	.venv/bin/python -m control reproduce-thesis
 
 lint:
 	.venv/bin/ruff check .
