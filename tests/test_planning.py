@@ -148,13 +148,13 @@ def test_exact_planners_move_least_state_on_zipf_sequences(zipf_s: float,
     from control.planning import bench
 
     scn = bench.Scenario(zipf_s=zipf_s, tau=0.5, workers=workers, steps=60)
-    res = bench.run_migrations(scn, ("ding", "table", "consistent-hash", "scratch",
+    res = bench.run_migrations(scn, ("ding", "ding-table", "consistent-hash", "scratch",
                                      "balanced", "flux"))
     for baseline in ("consistent-hash", "scratch", "balanced"):
         assert res["ding"]["moved_pct"] < res[baseline]["moved_pct"], baseline
     for baseline in ("consistent-hash", "scratch", "balanced", "flux"):
-        assert res["table"]["moved_pct"] < res[baseline]["moved_pct"], baseline
-    assert res["ding"]["cap_violations"] == res["table"]["cap_violations"] == 0
+        assert res["ding-table"]["moved_pct"] < res[baseline]["moved_pct"], baseline
+    assert res["ding"]["cap_violations"] == res["ding-table"]["cap_violations"] == 0
 
 
 def test_baselines_keep_ids_and_report_feasibility() -> None:

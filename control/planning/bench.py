@@ -26,7 +26,7 @@ import numpy as np
 from control.planning import migration as mig
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "elastic-hft" / "random_walk_rates"
-PLANNER_ORDER = ("ding", "ding-ordered", "table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
+PLANNER_ORDER = ("ding", "ding-ordered", "ding-table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
 
 
 @dataclass
@@ -171,8 +171,8 @@ def print_migration_table(rows: list[tuple[Scenario, dict[str, dict]]]) -> None:
         best = min(PLANNER_ORDER, key=lambda p: (res[p]["cap_violations"] > 0,
                                                  res[p]["moved_pct"]))
         print(f"{'':<28}least state moved without violations: {best}; table decisions not "
-              f"proven optimal: {res['table']['not_proven_optimal']}/"
-              f"{res['table']['migrations']}")
+              f"proven optimal: {res['ding-table']['not_proven_optimal']}/"
+              f"{res['ding-table']['migrations']}")
 
 
 def ding_timing(instances: int = 30, seed: int = 3) -> dict[str, float]:

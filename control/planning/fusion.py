@@ -692,6 +692,38 @@ def _fm_refine(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int
         sizes = [ev.pe_size(members(q)) if (where == q).any() else 0.0 for q in range(k)]
         if best_total <= 1e-12:
             break
+    # Pair swaps: when hosts are nearly full a single move rarely fits, but exchanging
+    # two atoms between PEs can (gain: both moves minus the edge between them).
+    for _ in range(n_atoms):
+        links = np.zeros((n_atoms, k))
+        for q in range(k):
+            links[:, q] = atom_adj[:, where == q].sum(axis=1)
+        own = links[np.arange(n_atoms), where]
+        boundary = [a for a in range(n_atoms) if (links[a] > own[a] - 1e-12).sum() > 1
+                    or links[a].sum() > own[a]]
+        best: tuple[float, int, int] | None = None
+        for i, a in enumerate(boundary):
+            for b in boundary[i + 1:]:
+                pa, pb = int(where[a]), int(where[b])
+                if pa == pb:
+                    continue
+                gain = (links[a, pb] - own[a]) + (links[b, pa] - own[b]) - 2 * atom_adj[a, b]
+                if gain > 1e-9 and (best is None or gain > best[0]):
+                    if any(where[c] == pb for c in ex_atoms.get(a, ()) if c != b) or any(
+                            where[c] == pa for c in ex_atoms.get(b, ()) if c != a):
+                        continue
+                    where[a], where[b] = pb, pa
+                    trial = list(sizes)
+                    trial[pa], trial[pb] = ev.pe_size(members(pa)), ev.pe_size(members(pb))
+                    if feasible(trial):
+                        best = (gain, a, b)
+                    where[a], where[b] = pa, pb
+        if best is None:
+            break
+        _, a, b = best
+        pa, pb = int(where[a]), int(where[b])
+        where[a], where[b] = pb, pa
+        sizes[pa], sizes[pb] = ev.pe_size(members(pa)), ev.pe_size(members(pb))
     return [members(q) for q in range(k) if (where == q).any()]
 
 

@@ -50,7 +50,7 @@ from control.strategies import rebalance
 # Loads are floats: a range whose load exceeds the cap by less than this relative
 # tolerance is accepted (so an exactly balanced split at τ = 0 is feasible).
 CAP_TOLERANCE = 1e-9
-PLANNERS = ("ding", "ding-ordered", "table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
+PLANNERS = ("ding", "ding-ordered", "ding-table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
 
 
 @dataclass(frozen=True)
@@ -464,9 +464,10 @@ def _pack(items: list[tuple[float, int]], room: dict[int, float]) -> dict[int, i
 
 
 def plan_table(problem: MigrationProblem, max_retire_sets: int = 5000) -> MigrationPlan:
-    """Def. 3.2 for an explicit routing table (any set of groups per worker, which is
-    what Spark's state-store placement is): the least state moved such that every
-    worker's load ≤ cap, with n′ workers.
+    """``ding-table``: Ding's Def. 3.2 for an explicit routing table instead of contiguous
+    ranges (any set of groups per worker — what Spark's state-store placement is, where
+    §3.1's reason for intervals, a routing table that fits in cache, does not apply): the
+    least state moved such that every worker's load ≤ cap, with n′ workers.
 
     Decomposition: retiring worker r costs its whole state; a kept worker w over the cap
     must shed load ≥ load_w − cap, cheapest by the covering knapsack ``min_cover``
@@ -483,7 +484,7 @@ def plan_table(problem: MigrationProblem, max_retire_sets: int = 5000) -> Migrat
     if max(problem.loads) > problem.cap * (1 + CAP_TOLERANCE):
         reason = infeasibility(problem)
     if reason:
-        return _infeasible_plan(problem, "table", reason, started)
+        return _infeasible_plan(problem, "ding-table", reason, started)
     old = list(problem.current_workers)
     groups: dict[int, list[int]] = {w: [] for w in old}
     for j, w in enumerate(problem.current):
@@ -538,11 +539,11 @@ def plan_table(problem: MigrationProblem, max_retire_sets: int = 5000) -> Migrat
         exact = lower <= lb_min + 1e-9 * (1 + abs(lb_min))
         if problem.nonempty:
             exact = _fill_empty(problem, assignment, kept + new_ids) and exact
-        plan = evaluate(problem, "table", assignment, (time.perf_counter() - started) * 1e3,
+        plan = evaluate(problem, "ding-table", assignment, (time.perf_counter() - started) * 1e3,
                         extra={"exact": exact, "lower_bound": lb_min})
         return plan
     fallback = plan_flux(problem)
-    return dataclasses.replace(fallback, planner="table",
+    return dataclasses.replace(fallback, planner="ding-table",
                                solve_ms=(time.perf_counter() - started) * 1e3,
                                extra={"exact": False, "fallback": "flux"})
 
@@ -907,7 +908,7 @@ def plan(problem: MigrationProblem, planner: str, **options: object) -> Migratio
         return plan_ding(problem)
     if planner == "ding-ordered":
         return plan_ding_ordered(problem)
-    if planner == "table":
+    if planner == "ding-table":
         return plan_table(problem)
     if planner == "mtm":
         return plan_mtm(problem, **options)  # type: ignore[arg-type]
