@@ -148,3 +148,19 @@ def test_csv_trace_upload_parses_and_rejects() -> None:
     with pytest.raises(sim.ScenarioError, match="row 3"):
         wl.parse_csv_trace("rate\n1\nx\n")
     assert np.isclose(wl.key_distribution({"kind": "file"}).sum(), 1.0)
+
+
+def test_paced_migration_lowers_the_latency_spike_not_the_capacity_loss() -> None:
+    spikes, outputs = {}, {}
+    for pace in ("all-at-once", "batched", "fluid"):
+        res = sim.simulate({"steps": 4, "workload": {"rate": {"kind": "constant", "rate": 8000}},
+                            "system": {"migration_schedule": pace, "initial_workers": 6,
+                                       "migration_s_per_key": 2e-4},
+                            "strategies": [{"name": "th-rule"}]})["results"][0]["series"]
+        assert res["moved_keys"][1] > 10  # th-rule scaled 6 -> 5 after step 0
+        spikes[pace], outputs[pace] = res["latency_ms"][1], res["n_out"][1]
+    assert spikes["all-at-once"] > 2 * spikes["batched"]
+    assert spikes["batched"] == pytest.approx(spikes["fluid"])
+    assert outputs["all-at-once"] == outputs["batched"]
+    bad = _cli("simulate", stdin='{"system": {"migration_schedule": "teleport"}}')
+    assert bad.returncode == 2 and "migration_schedule" in bad.stderr

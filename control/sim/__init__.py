@@ -85,6 +85,9 @@ def parse_scenario(doc: Any) -> en.Scenario:
     mode = system.get("mode", "queue")
     if mode not in ("queue", "microbatch"):
         raise ScenarioError("system.mode: 'queue' or 'microbatch'")
+    pacing = system.get("migration_schedule", "batched")
+    if pacing not in ("batched", "all-at-once", "fluid"):
+        raise ScenarioError("system.migration_schedule: 'batched', 'all-at-once' or 'fluid'")
     rebalancer = system.get("rebalancer", "flux")
     if rebalancer not in ("flux", "balanced"):
         raise ScenarioError("system.rebalancer: 'flux' or 'balanced'")
@@ -93,6 +96,7 @@ def parse_scenario(doc: Any) -> en.Scenario:
         freqs_ghz=tuple(sorted(float(f) for f in freqs)),
         queue_limit_s=_num(system, "queue_limit_s", 0.05, 0, "system."),
         migration_s_per_key=_num(system, "migration_s_per_key", 1e-4, 0, "system."),
+        migration_schedule=pacing,
         mode=mode, batch_overhead_s=_num(system, "batch_overhead_s", 0.5, 0, "system."),
         rebalancer=rebalancer,
         flux_threshold=_num(system, "flux_threshold", 0.10, 0, "system."))

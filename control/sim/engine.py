@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from control import sysmodel as sm
+from control.planning import schedule
 from control.sim import workloads as wl
 from control.strategies import rebalance
 from control.strategies.mpc import Config
@@ -48,6 +49,10 @@ class SystemModel:
     freqs_ghz: tuple[float, ...] = sm.THESIS_FREQUENCIES_GHZ
     queue_limit_s: float = 0.05
     migration_s_per_key: float = 1e-4
+    # How moves are paced (Megaphone §3.3, the planners' ``schedule``): the receiving
+    # worker loses the same capacity either way, but its tuples wait behind one
+    # schedule step's transfers, not behind all of them.
+    migration_schedule: str = "batched"  # or "all-at-once", "fluid"
     mode: str = "queue"  # or "microbatch"
     batch_overhead_s: float = 0.5
     rebalancer: str = "flux"  # or "balanced"
@@ -142,6 +147,7 @@ class Simulation:
         self.queue = np.zeros(sysm.max_workers)
         self.backlog = np.zeros(self.keys)
         self.migration_delay = np.zeros(sysm.max_workers)
+        self.migration_stall = np.zeros(sysm.max_workers)  # longest wait behind a step
         self.t_k = scn.t_k.astype(float).copy()
         self.p = scn.p.astype(float).copy()
         self.total_in = 0.0
@@ -200,12 +206,14 @@ class Simulation:
         if sysm.mode == "microbatch":
             rho_max = float(offered_rho.max()) if n else 0.0
             batch = sysm.batch_overhead_s / (1 - rho_max) if rho_max < 1 else dt
-            lat_i = 1.5 * batch + drain
+            lat_i = 1.5 * batch + drain + self.migration_stall[:n] / 2
         else:
-            kingman = np.where(offered_rho < 1,
-                               offered_rho / np.maximum(1 - offered_rho, 1e-12)
-                               * (ca2 + cs2) / 2 * s, 0.0)
-            lat_i = s + kingman + drain
+            # Kingman is a steady-state formula: near rho = 1 it diverges, but within one
+            # step a queue cannot make a tuple wait longer than the step itself.
+            kingman = np.minimum(np.where(offered_rho < 1,
+                                          offered_rho / np.maximum(1 - offered_rho, 1e-12)
+                                          * (ca2 + cs2) / 2 * s, 0.0), dt)
+            lat_i = s + kingman + drain + self.migration_stall[:n] / 2
         source_wait = 0.0
         backlog_total = float(self.backlog.sum())
         if n_out > 0:
@@ -215,6 +223,7 @@ class Simulation:
             latency = math.inf if (q1.sum() + backlog_total) > 0 else float(s.mean())
         latency += source_wait
         self.migration_delay[:] = 0.0
+        self.migration_stall[:] = 0.0
         self.last_counts = counts
         comp = float(np.sum(counts * cost) / counts.sum()) if counts.sum() > 0 else mean_cost
         cs2_all = float(np.sum(counts * cost * cost) * counts.sum()
@@ -269,6 +278,13 @@ class Simulation:
             self.queue[w] = 0.0
         arrivals_to = np.bincount(new[moved_mask], minlength=sysm.max_workers)
         self.migration_delay[:] = arrivals_to[:sysm.max_workers] * sysm.migration_s_per_key
+        if moved_mask.any():
+            plan = schedule.schedule(previous[moved_mask].tolist(), new[moved_mask].tolist(),
+                                     sysm.migration_schedule)
+            for step in plan.steps:  # per receiving worker, its longest single step
+                per_worker = np.bincount([m.target for m in step], minlength=sysm.max_workers)
+                self.migration_stall = np.maximum(
+                    self.migration_stall, per_worker[:sysm.max_workers] * sysm.migration_s_per_key)
         self.routing = new
         self.n = n2
         return int(moved_mask.sum())
