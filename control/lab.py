@@ -13,6 +13,7 @@ from typing import Any
 from django.db import transaction
 
 from control import sim
+from control.sim import engine
 from control.models import MAX_WORKERS_LIMIT, LabRun, LabStatus, Policy
 
 # The presets offered in the form: the thesis' grid (Table 7.2 strategies, NoSw and
@@ -27,6 +28,8 @@ for _name in sim.RULES:
 DEFAULT_PRESETS = ("lat-node Sw h=1", "lat-node NoSw", "lat-power Sw h=1", "th-rule",
                    "lat-rule", "peak-load")
 PROGRESS_EVERY_S = 0.2
+SERIES_FIELDS = list(engine.StepRecord.__dataclass_fields__)
+SUMMARY_FIELDS = list(engine.SUMMARY_FIELDS)
 
 
 def start_lab(user: Any, name: str, scenario: dict) -> LabRun:
@@ -70,10 +73,19 @@ def execute(lab_id: int) -> str:
     return f"lab {lab_id} done"
 
 
+def _ordered(keys: list[str], canonical: list[str]) -> list[str]:
+    """PostgreSQL's jsonb does not keep key order: put keys back in the engine's order."""
+    return [k for k in canonical if k in keys] + sorted(k for k in keys if k not in canonical)
+
+
 def summary_rows(lab: LabRun) -> list[dict]:
     if not lab.result:
         return []
-    return [{"label": r["label"], **r["summary"]} for r in lab.result["results"]]
+    rows = []
+    for r in lab.result["results"]:
+        keys = _ordered(list(r["summary"]), SUMMARY_FIELDS)
+        rows.append({"label": r["label"], **{k: r["summary"][k] for k in keys}})
+    return rows
 
 
 def bundle(lab: LabRun) -> bytes:
@@ -93,7 +105,7 @@ def bundle(lab: LabRun) -> bytes:
         out = io.StringIO()
         results = (lab.result or {}).get("results", [])
         if results:
-            fields = list(results[0]["series"])
+            fields = _ordered(list(results[0]["series"]), SERIES_FIELDS)
             writer = csv.writer(out)
             writer.writerow(["strategy", *fields])
             for r in results:

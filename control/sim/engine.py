@@ -320,6 +320,11 @@ def run(scn: Scenario, label: str, controller: Callable[[Measurement, Config],
     return SimResult(label, records, summarise(records, scn), error)
 
 
+SUMMARY_FIELDS = ("throughput_violations", "latency_violations", "reconfigurations",
+                  "mean_amplitude", "mean_workers", "mean_power_w", "median_latency_ms",
+                  "p95_latency_ms", "solve_ms_p95", "forecast_mape_pct", "moved_keys")
+
+
 def summarise(records: list[StepRecord], scn: Scenario) -> dict:
     """The thesis' §7.2.3 metrics for one run."""
     reconf, amplitudes = 0, []
