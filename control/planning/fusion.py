@@ -599,6 +599,7 @@ def cola(problem: FusionProblem, post_process: bool = True, lemma1: bool = True,
                 op_pes = _greedy_merge(ev, op_pes)
                 op_pes = _fm_refine(ev, [sorted({atom_of[op] for op in pe})
                                          for pe in op_pes], atoms)
+                op_pes = _resplit_pairs(ev, op_pes, atoms)
                 if ev.traffic(op_pes) >= before - 1e-12:
                     break
         traffic = ev.traffic(op_pes)
@@ -610,6 +611,68 @@ def cola(problem: FusionProblem, post_process: bool = True, lemma1: bool = True,
         return dataclasses.replace(plan, feasible=False,
                                    reason=f"no valid plan: even unfused ({last_reason})")
     return _plan(ev, "cola", best[1], started, extra=best[2])
+
+
+def _resplit_pairs(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int]],
+                   max_rounds: int = 20) -> list[list[int]]:
+    """Merge-and-resplit (ours, as multilevel partitioners refine): for two PEs joined by
+    traffic, sweep orders of their union (Fiedler vector; distances from the heaviest
+    atoms) and take the prefix split with the least traffic between the halves that
+    keeps the whole plan feasible. COLA's ratio cut balances sizes; this cut instead
+    fills hosts, which is what the objective rewards once the plan is feasible."""
+    atom_of = {op: a for a, members in enumerate(atoms) for op in members}
+    ex_atoms: dict[int, set[int]] = {}
+    for a, b in ev.problem.exlocate:
+        ex_atoms.setdefault(atom_of[a], set()).add(atom_of[b])
+        ex_atoms.setdefault(atom_of[b], set()).add(atom_of[a])
+    for _ in range(max_rounds):
+        improved = False
+        for a, b in _pairs_by_traffic(ev, pes):
+            union = sorted({atom_of[op] for op in pes[a] + pes[b]})
+            k = len(union)
+            members = [np.array(atoms[i]) for i in union]
+            adj = np.zeros((k, k))
+            for i in range(k):
+                for j in range(i + 1, k):
+                    adj[i, j] = adj[j, i] = ev.adj[np.ix_(members[i], members[j])].sum()
+            weight = np.array([ev.cpu[m].sum() for m in members]) + 1e-9
+            current = float(ev.adj[np.ix_(pes[a], pes[b])].sum())
+            orders = []
+            lap = np.diag(adj.sum(axis=1)) - adj
+            if k > 2:
+                orders.append(np.argsort(np.linalg.eigh(lap)[1][:, 1], kind="stable"))
+            for r in np.argsort(-weight, kind="stable")[:8]:
+                d = _distances(adj, int(r))
+                d[np.isinf(d)] = d[np.isfinite(d)].max() + 1
+                orders.append(np.argsort(d, kind="stable"))
+            best: tuple[float, list[int], list[int]] | None = None
+            others = [pe for i, pe in enumerate(pes) if i not in (a, b)]
+            for order in orders:
+                side = np.zeros(k, dtype=bool)
+                cut = 0.0
+                for pos in range(k - 1):
+                    v = order[pos]
+                    cut += adj[v].sum() - 2 * adj[v, side].sum()
+                    side[v] = True
+                    if cut >= current - 1e-9 or (best and cut >= best[0] - 1e-12):
+                        continue
+                    left = [union[i] for i in range(k) if side[i]]
+                    right = [union[i] for i in range(k) if not side[i]]
+                    if any(x in ex_atoms.get(y, ()) for y in left for x in left) or any(
+                            x in ex_atoms.get(y, ()) for y in right for x in right):
+                        continue
+                    trial = others + [[op for i in left for op in atoms[i]],
+                                      [op for i in right for op in atoms[i]]]
+                    if ev.check(trial)[0]:
+                        best = (cut, left, right)
+            if best is not None:
+                pes = others + [[op for i in best[1] for op in atoms[i]],
+                                [op for i in best[2] for op in atoms[i]]]
+                improved = True
+                break
+        if not improved:
+            break
+    return pes
 
 
 def _fm_refine(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int]],
