@@ -567,13 +567,58 @@ def _split_until_feasible(problem: FusionProblem, ev: Evaluator, atoms: list[lis
         splits += 1
 
 
+def _post_process(ev: Evaluator, op_pes: list[list[int]], atoms: Sequence[Sequence[int]],
+                  atom_of: dict[int, int]) -> list[list[int]]:
+    """The paper's greedy merges, alternated with our FM passes, pair swaps and
+    merge-and-resplit, until a round gains nothing."""
+    while True:
+        before = ev.traffic(op_pes)
+        op_pes = _greedy_merge(ev, op_pes)
+        op_pes = _fm_refine(ev, [sorted({atom_of[op] for op in pe}) for pe in op_pes], atoms)
+        op_pes = _resplit_pairs(ev, op_pes, atoms)
+        if ev.traffic(op_pes) >= before - 1e-12:
+            return op_pes
+
+
+def _phase4(ev: Evaluator, atoms: Sequence[Sequence[int]], atom_of: dict[int, int],
+            op_pes: list[list[int]], roots: int, t: float,
+            checkpoints: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[tuple[list[list[int]], int]]:
+    """Advanced COLA phase 4 (§3.3): keep splitting the largest PE while the inter-PE
+    traffic stays ≤ (1 + T)·c, c the traffic at first feasibility; the feasible plans
+    after 1, 2, 4, 8 and 16 extra splits are candidates (each is post-processed, and the
+    best plan overall is kept). Finer PEs give the merges more freedom."""
+    c0 = ev.traffic(op_pes)
+    cur = [sorted({atom_of[op] for op in pe}) for pe in op_pes]
+    out: list[tuple[list[list[int]], int]] = []
+
+    def ops(pe: list[int]) -> list[int]:
+        return [op for a in pe for op in atoms[a]]
+
+    for more in range(1, max(checkpoints) + 1):
+        multi = [i for i, pe in enumerate(cur) if len(pe) > 1]
+        if not multi:
+            break
+        sizes = [ev.pe_size(ops(pe)) for pe in cur]
+        target = max(multi, key=lambda i: (sizes[i], -i))
+        pe = cur[target]
+        left, right = split_pe(ev, [atoms[a] for a in pe], (), roots)
+        cur[target:target + 1] = [[pe[i] for i in left], [pe[i] for i in right]]
+        trial = [ops(x) for x in cur]
+        if ev.traffic(trial) > (1 + t) * c0:
+            break
+        if more in checkpoints and ev.check(trial)[0]:
+            out.append((trial, more))
+    return out
+
+
 def cola(problem: FusionProblem, post_process: bool = True, lemma1: bool = True,
-         oracles: Sequence[str] = ORACLES, sweep_roots: Sequence[int] = (1, 24)) -> FusionPlan:
+         oracles: Sequence[str] = ORACLES, sweep_roots: Sequence[int] = (1, 24),
+         phase4_t: float = 3.0) -> FusionPlan:
     """Basic COLA with both of the paper's oracles (§2.2: the largest PE, or the largest
     PE on the most over-utilised host) and two widths of the sweep cut (distance orders
-    from the heaviest atom only, or from the 24 heaviest); the best feasible plan wins.
-    Post-processing alternates the paper's greedy merges with FM passes until neither
-    helps."""
+    from the heaviest atom only, or from the 24 heaviest); with Advanced COLA's phase 4
+    (``phase4_t`` = T; 0 turns it off); the best feasible plan wins. Post-processing:
+    ``_post_process``."""
     started = time.perf_counter()
     ev = Evaluator(problem)
     atoms = _initial_atoms(problem, ev, lemma1)
@@ -593,18 +638,15 @@ def cola(problem: FusionProblem, post_process: bool = True, lemma1: bool = True,
             if op_pes is None:
                 continue
             extra["repaired"] = True
-        if post_process:
-            while True:
-                before = ev.traffic(op_pes)
-                op_pes = _greedy_merge(ev, op_pes)
-                op_pes = _fm_refine(ev, [sorted({atom_of[op] for op in pe})
-                                         for pe in op_pes], atoms)
-                op_pes = _resplit_pairs(ev, op_pes, atoms)
-                if ev.traffic(op_pes) >= before - 1e-12:
-                    break
-        traffic = ev.traffic(op_pes)
-        if best is None or traffic < best[0] - 1e-12:
-            best = (traffic, op_pes, extra)
+        candidates = [(op_pes, 0)]
+        if phase4_t > 0 and not extra.get("repaired"):
+            candidates += _phase4(ev, atoms, atom_of, op_pes, roots, phase4_t)
+        for cand, more in candidates:
+            if post_process:
+                cand = _post_process(ev, cand, atoms, atom_of)
+            traffic = ev.traffic(cand)
+            if best is None or traffic < best[0] - 1e-12:
+                best = (traffic, cand, {**extra, "phase4_splits": more})
     if best is None:
         pes = [list(a) for a in atoms]
         plan = _plan(ev, "cola", pes, started)
