@@ -19,6 +19,7 @@ from control import sysmodel as sm
 from control.sim import engine as en
 from control.sim import workloads as wl
 from control.sim.workloads import ScenarioError
+from control.sim.workloads import number as _num
 from control.strategies import mpc, rules
 from control.strategies.controller import MpcController
 from control.strategies.mpc import Config
@@ -26,20 +27,6 @@ from control.strategies.mpc import Config
 RULES = ("th-rule", "lat-rule", "spl", "peak-load", "ds2")
 STRATEGY_NAMES = tuple(sorted(mpc.THESIS_STRATEGIES)) + RULES
 __all__ = ["ScenarioError", "STRATEGY_NAMES", "simulate", "parse_scenario", "build_controller"]
-
-
-def _num(doc: dict, key: str, default: Any, low: float | None = None, where: str = "",
-         whole: bool = False, high: float | None = None) -> Any:
-    value = doc.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ScenarioError(f"{where}{key}: must be a number")
-    if whole and int(value) != value:
-        raise ScenarioError(f"{where}{key}: must be a whole number")
-    if low is not None and value < low:
-        raise ScenarioError(f"{where}{key}: must be >= {low}")
-    if high is not None and value > high:
-        raise ScenarioError(f"{where}{key}: must be <= {high}")
-    return int(value) if whole else float(value)
 
 
 def _obj(doc: dict, key: str) -> dict:

@@ -23,15 +23,20 @@ class ScenarioError(ValueError):
     """A bad scenario, with a one-line message naming the field."""
 
 
-def _num(doc: dict, key: str, default: float | None = None, low: float | None = None,
-         where: str = "") -> float:
+def number(doc: dict, key: str, default: float | None = None, low: float | None = None,
+           where: str = "", whole: bool = False, high: float | None = None) -> float:
+    """``doc[key]`` (or ``default``) as a checked number; ScenarioError names the field."""
     value = doc.get(key, default)
     if value is None or isinstance(value, bool) or not isinstance(value, int | float) \
             or not math.isfinite(value):
         raise ScenarioError(f"{where}{key}: must be a number")
+    if whole and int(value) != value:
+        raise ScenarioError(f"{where}{key}: must be a whole number")
     if low is not None and value < low:
         raise ScenarioError(f"{where}{key}: must be >= {low}")
-    return float(value)
+    if high is not None and value > high:
+        raise ScenarioError(f"{where}{key}: must be <= {high}")
+    return int(value) if whole else float(value)
 
 
 def read_rate_file(path: Path) -> list[float]:
@@ -80,25 +85,25 @@ def rate_series(doc: dict, steps: int, step_s: float, rng: np.random.Generator) 
         out = np.asarray(base, dtype=float)[idx]
     elif kind == "trace":
         base = _rates_list(doc.get("rates"), w + "rates")
-        per = _num(doc, "seconds_per_value", 1.0, 1e-9, w)
+        per = number(doc, "seconds_per_value", 1.0, 1e-9, w)
         idx = np.minimum((t / per).astype(int), len(base) - 1)
         out = np.asarray(base, dtype=float)[idx]
     elif kind == "constant":
-        out = np.full(steps, _num(doc, "rate", None, 0, w))
+        out = np.full(steps, number(doc, "rate", None, 0, w))
     elif kind == "step":
-        before, after = _num(doc, "before", None, 0, w), _num(doc, "after", None, 0, w)
-        at = _num(doc, "at_s", None, 0, w)
+        before, after = number(doc, "before", None, 0, w), number(doc, "after", None, 0, w)
+        at = number(doc, "at_s", None, 0, w)
         out = np.where(t < at, before, after)
     elif kind == "sine":
-        base, amp = _num(doc, "base", None, 0, w), _num(doc, "amplitude", 0.0, 0, w)
-        period = _num(doc, "period_s", 60.0, 1e-9, w)
+        base, amp = number(doc, "base", None, 0, w), number(doc, "amplitude", 0.0, 0, w)
+        period = number(doc, "period_s", 60.0, 1e-9, w)
         out = np.maximum(base + amp * np.sin(2 * np.pi * t / period), 0.0)
     else:  # spike
-        base, peak = _num(doc, "base", None, 0, w), _num(doc, "peak", None, 0, w)
-        at, length = _num(doc, "at_s", None, 0, w), _num(doc, "length_s", 10.0, 0, w)
+        base, peak = number(doc, "base", None, 0, w), number(doc, "peak", None, 0, w)
+        at, length = number(doc, "at_s", None, 0, w), number(doc, "length_s", 10.0, 0, w)
         out = np.where((t >= at) & (t < at + length), peak, base)
-    scale = _num(doc, "scale", 1.0, 0, w)
-    noise = _num(doc, "noise_cv", 0.0, 0, w)
+    scale = number(doc, "scale", 1.0, 0, w)
+    noise = number(doc, "noise_cv", 0.0, 0, w)
     out = out * scale
     if noise > 0:
         out = np.maximum(out * (1 + noise * rng.standard_normal(steps)), 0.0)
@@ -130,11 +135,11 @@ def key_distribution(doc: dict) -> np.ndarray:
             raise ScenarioError(str(exc)) from exc
         weights = np.diff(np.concatenate(([0.0], cdf)))
     else:
-        n = int(_num(doc, "n", 2836, 1, w))
+        n = int(number(doc, "n", 2836, 1, w))
         if kind == "uniform":
             weights = np.ones(n)
         else:
-            weights = 1.0 / np.arange(1, n + 1) ** _num(doc, "s", 1.0, 0, w)
+            weights = 1.0 / np.arange(1, n + 1) ** number(doc, "s", 1.0, 0, w)
     if weights.sum() <= 0:
         raise ScenarioError(f"{w}: weights must not all be zero")
     return weights / weights.sum()
@@ -143,8 +148,8 @@ def key_distribution(doc: dict) -> np.ndarray:
 def service_times(doc: dict, keys: int, rng: np.random.Generator) -> np.ndarray:
     """Per-key computation time per triggering tuple at f_max (seconds)."""
     w = "workload.service."
-    mean = _num(doc, "mean_ms", 0.5, 1e-9, w) / 1e3
-    cv = _num(doc, "per_key_cv", 0.0, 0, w)
+    mean = number(doc, "mean_ms", 0.5, 1e-9, w) / 1e3
+    cv = number(doc, "per_key_cv", 0.0, 0, w)
     if cv == 0:
         return np.full(keys, mean)
     sigma = math.sqrt(math.log(1 + cv * cv))
