@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -225,11 +224,3 @@ def _clean(series: dict[str, list]) -> dict[str, list]:
         out[key] = [None if isinstance(v, float) and not math.isfinite(v) else
                     (round(v, 6) if isinstance(v, float) else v) for v in values]
     return out
-
-
-def with_strategies(doc: dict, strategies: list[dict]) -> dict:
-    return {**doc, "strategies": strategies}
-
-
-def scenario_copy(scn: en.Scenario, **changes: Any) -> en.Scenario:
-    return replace(scn, **changes)
