@@ -212,6 +212,22 @@ def test_schedules_move_every_group_exactly_once(strategy: str) -> None:
             assert len(s.steps) == 1
 
 
+def test_receives_per_step_matches_the_schedules() -> None:
+    rng = random.Random(13)
+    for _ in range(200):
+        g, w = rng.randint(1, 40), rng.randint(1, 6)
+        current = [rng.randrange(w) for _ in range(g)]
+        target = [rng.randrange(w + 1) for _ in range(g)]
+        moves = sch.moves_between(current, target)
+        for strategy in sch.STRATEGIES:
+            built: dict[int, int] = {}
+            for step in sch.schedule(current, target, strategy).steps:
+                for m in step:
+                    built[m.target] = max(built.get(m.target, 0),
+                                          sum(x.target == m.target for x in step))
+            assert sch.receives_per_step([m.target for m in moves], strategy) == built
+
+
 def test_batched_beats_repeated_maximum_matching_when_greedy_is_unlucky() -> None:
     # 0→1 twice, 0→2, 3→1: Δ = 3 (worker 0 sends 3). A maximum matching may pair 0→1
     # and 3→... ; colouring always achieves Δ.

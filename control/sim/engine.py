@@ -278,13 +278,10 @@ class Simulation:
             self.queue[w] = 0.0
         arrivals_to = np.bincount(new[moved_mask], minlength=sysm.max_workers)
         self.migration_delay[:] = arrivals_to[:sysm.max_workers] * sysm.migration_s_per_key
-        if moved_mask.any():
-            plan = schedule.schedule(previous[moved_mask].tolist(), new[moved_mask].tolist(),
-                                     sysm.migration_schedule)
-            for step in plan.steps:  # per receiving worker, its longest single step
-                per_worker = np.bincount([m.target for m in step], minlength=sysm.max_workers)
-                self.migration_stall = np.maximum(
-                    self.migration_stall, per_worker[:sysm.max_workers] * sysm.migration_s_per_key)
+        if moved_mask.any():  # per receiving worker, its longest single schedule step
+            for worker, count in schedule.receives_per_step(
+                    new[moved_mask], sysm.migration_schedule).items():
+                self.migration_stall[worker] = count * sysm.migration_s_per_key
         self.routing = new
         self.n = n2
         return int(moved_mask.sum())
