@@ -7,6 +7,15 @@ from django import forms
 from control.models import Policy
 
 
+def json_from_field(text: str | None) -> object:
+    """A textarea's JSON (empty means {}), or a form error naming line and column."""
+    try:
+        return json.loads((text or "").strip() or "{}")
+    except json.JSONDecodeError as exc:
+        raise forms.ValidationError(
+            f"Invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+
+
 class PolicyForm(forms.ModelForm):
     strategy_params = forms.CharField(
         required=False, initial="{}", widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
@@ -25,12 +34,7 @@ class PolicyForm(forms.ModelForm):
             self.initial["strategy_params"] = json.dumps(value)
 
     def clean_strategy_params(self) -> dict:
-        text = (self.cleaned_data.get("strategy_params") or "").strip() or "{}"
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(
-                f"Invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+        value = json_from_field(self.cleaned_data.get("strategy_params"))
         if not isinstance(value, dict):
             raise forms.ValidationError("Must be a JSON object, e.g. {} or {\"horizon\": 2}.")
         return value
@@ -85,12 +89,7 @@ class LabForm(forms.Form):
         self.scenario: dict | None = None
 
     def clean_parameters(self) -> dict:
-        text = (self.cleaned_data.get("parameters") or "").strip() or "{}"
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(
-                f"Invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+        value = json_from_field(self.cleaned_data.get("parameters"))
         if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
             raise forms.ValidationError('Must map strategy names to objects, e.g. '
                                         '{"lat-node": {"alpha": 3}}.')
