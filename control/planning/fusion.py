@@ -427,19 +427,35 @@ def sweep_min_ratio_cut(adj: np.ndarray, weight: np.ndarray,
     return float(best_ratio), best_side
 
 
+def _atom_adjacency(ev: Evaluator, atoms: Sequence[Sequence[int]]) -> np.ndarray:
+    """Traffic between every pair of atoms (groups of operators), symmetric."""
+    k = len(atoms)
+    members = [np.asarray(a) for a in atoms]
+    adj = np.zeros((k, k))
+    for i in range(k):
+        for j in range(i + 1, k):
+            adj[i, j] = adj[j, i] = ev.adj[np.ix_(members[i], members[j])].sum()
+    return adj
+
+
+def _exlocated_atoms(ev: Evaluator, atoms: Sequence[Sequence[int]]) -> dict[int, set[int]]:
+    """atom -> the atoms it must not share a PE with."""
+    atom_of = {op: a for a, members in enumerate(atoms) for op in members}
+    out: dict[int, set[int]] = {}
+    for a, b in ev.problem.exlocate:
+        out.setdefault(atom_of[a], set()).add(atom_of[b])
+        out.setdefault(atom_of[b], set()).add(atom_of[a])
+    return out
+
+
 def split_pe(ev: Evaluator, atoms: Sequence[Sequence[int]],
              must_separate: Sequence[tuple[int, int]] = (),
              roots: int = 24) -> tuple[list[int], list[int]]:
     """Split a PE made of ``atoms`` (colocated groups, never split) by a min-ratio cut;
     returns the atom indices of the two sides."""
     k = len(atoms)
-    members = [np.array(a) for a in atoms]
-    adj = np.zeros((k, k))
-    for i in range(k):
-        for j in range(i + 1, k):
-            t = ev.adj[np.ix_(members[i], members[j])].sum()
-            adj[i, j] = adj[j, i] = t
-    weight = np.array([ev.cpu[m].sum() for m in members]) + 1e-9
+    adj = _atom_adjacency(ev, atoms)
+    weight = np.array([ev.cpu[list(a)].sum() for a in atoms]) + 1e-9
     atom_of = {op: i for i, a in enumerate(atoms) for op in a}
     pairs = [(atom_of[a], atom_of[b]) for a, b in must_separate
              if a in atom_of and b in atom_of and atom_of[a] != atom_of[b]]
@@ -663,21 +679,16 @@ def _resplit_pairs(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence
     keeps the whole plan feasible. COLA's ratio cut balances sizes; this cut instead
     fills hosts, which is what the objective rewards once the plan is feasible."""
     atom_of = {op: a for a, members in enumerate(atoms) for op in members}
-    ex_atoms: dict[int, set[int]] = {}
-    for a, b in ev.problem.exlocate:
-        ex_atoms.setdefault(atom_of[a], set()).add(atom_of[b])
-        ex_atoms.setdefault(atom_of[b], set()).add(atom_of[a])
+    ex_atoms = _exlocated_atoms(ev, atoms)
+    all_adj = _atom_adjacency(ev, atoms)  # once; each pair's union is a slice of it
+    all_weight = np.array([ev.cpu[list(a)].sum() for a in atoms]) + 1e-9
     for _ in range(max_rounds):
         improved = False
         for a, b in _pairs_by_traffic(ev, pes):
             union = sorted({atom_of[op] for op in pes[a] + pes[b]})
             k = len(union)
-            members = [np.array(atoms[i]) for i in union]
-            adj = np.zeros((k, k))
-            for i in range(k):
-                for j in range(i + 1, k):
-                    adj[i, j] = adj[j, i] = ev.adj[np.ix_(members[i], members[j])].sum()
-            weight = np.array([ev.cpu[m].sum() for m in members]) + 1e-9
+            adj = all_adj[np.ix_(union, union)]
+            weight = all_weight[union]
             current = float(ev.adj[np.ix_(pes[a], pes[b])].sum())
             orders = []
             lap = np.diag(adj.sum(axis=1)) - adj
@@ -728,19 +739,12 @@ def _fm_refine(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int
     n_atoms, k = len(atoms), len(pes)
     if k < 2:
         return [[op for a in pe for op in atoms[a]] for pe in pes if pe]
-    atom_adj = np.zeros((n_atoms, n_atoms))
-    for i in range(n_atoms):
-        for j in range(i + 1, n_atoms):
-            atom_adj[i, j] = atom_adj[j, i] = ev.adj[np.ix_(atoms[i], atoms[j])].sum()
+    atom_adj = _atom_adjacency(ev, atoms)
     where = np.empty(n_atoms, dtype=int)
     for q, pe in enumerate(pes):
         if pe:
             where[pe] = q
-    ex_atoms = {}
-    atom_of = {op: a for a, members in enumerate(atoms) for op in members}
-    for a, b in ev.problem.exlocate:
-        ex_atoms.setdefault(atom_of[a], set()).add(atom_of[b])
-        ex_atoms.setdefault(atom_of[b], set()).add(atom_of[a])
+    ex_atoms = _exlocated_atoms(ev, atoms)
     limit = ev.problem.max_pe_cpu
 
     def members(q: int) -> list[int]:
@@ -887,20 +891,28 @@ def fuse_all_that_fits(problem: FusionProblem) -> FusionPlan:
     return _plan(ev, "fuse-all", pes, started)
 
 
-def _repair_by_merging(ev: Evaluator, pes: list[list[int]]) -> list[list[int]] | None:
-    """Merge the heaviest-traffic pair whose PE fits a host, until the plan is feasible
-    (None if it never becomes feasible)."""
+def _merge_until_feasible(ev: Evaluator, pes: list[list[int]], exact: bool
+                          ) -> tuple[list[list[int]], bool]:
+    """Merge the heaviest-traffic pair whose PE fits the largest host (and max PE CPU)
+    without an exlocated pair, until the plan is feasible. Returns (PEs, feasible)."""
     limit = min(ev.problem.max_pe_cpu or np.inf, max(ev.problem.capacity))
     pes = [list(pe) for pe in pes]
-    while not ev.check(pes, exact=True)[0]:
+    while not ev.check(pes, exact=exact)[0]:
         for a, b in _pairs_by_traffic(ev, pes):
             joined = pes[a] + pes[b]
             if ev.pe_size(joined) <= limit and not ev.exlocation_violated(joined):
                 pes = [pe for i, pe in enumerate(pes) if i not in (a, b)] + [joined]
                 break
         else:
-            return None
-    return pes
+            return pes, False
+    return pes, True
+
+
+def _repair_by_merging(ev: Evaluator, pes: list[list[int]]) -> list[list[int]] | None:
+    """COLA's repair when even singletons do not fit (exact placement): None if merging
+    never makes the plan feasible."""
+    merged, ok = _merge_until_feasible(ev, pes, exact=True)
+    return merged if ok else None
 
 
 def greedy_merge(problem: FusionProblem) -> FusionPlan:
@@ -910,19 +922,9 @@ def greedy_merge(problem: FusionProblem) -> FusionPlan:
     the plan feasible — until no such pair remains."""
     started = time.perf_counter()
     ev = Evaluator(problem)
-    pes = _initial_atoms(problem, ev, lemma1=False)
-    limit = min(problem.max_pe_cpu or np.inf, max(problem.capacity))
-    while not ev.check(pes)[0]:
-        merged = False
-        for a, b in _pairs_by_traffic(ev, pes):
-            joined = pes[a] + pes[b]
-            if ev.pe_size(joined) <= limit and not ev.exlocation_violated(joined):
-                pes = [pe for i, pe in enumerate(pes) if i not in (a, b)] + [joined]
-                merged = True
-                break
-        if not merged:
-            break
-    if ev.check(pes)[0]:
+    pes, feasible = _merge_until_feasible(ev, _initial_atoms(problem, ev, lemma1=False),
+                                          exact=False)
+    if feasible:
         pes = _greedy_merge(ev, pes)
     return _plan(ev, "greedy-merge", pes, started)
 

@@ -38,6 +38,7 @@ import bisect
 import dataclasses
 import hashlib
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -508,7 +509,7 @@ def plan_table(problem: MigrationProblem, max_retire_sets: int = 5000) -> Migrat
     ranked = sorted(old, key=lambda w: (delta[w], w))
     if k == 0:
         retire_sets: list[tuple[int, ...]] = [()]
-    elif _n_choose_k(n, k) <= max_retire_sets:
+    elif math.comb(n, k) <= max_retire_sets:
         retire_sets = sorted(itertools.combinations(old, k),
                              key=lambda r: (sum(delta[w] for w in r), r))
     else:
@@ -546,12 +547,6 @@ def plan_table(problem: MigrationProblem, max_retire_sets: int = 5000) -> Migrat
     return dataclasses.replace(fallback, planner="ding-table",
                                solve_ms=(time.perf_counter() - started) * 1e3,
                                extra={"exact": False, "fallback": "flux"})
-
-
-def _n_choose_k(n: int, k: int) -> int:
-    from math import comb
-
-    return comb(n, k)
 
 
 def _fill_empty(problem: MigrationProblem, assignment: list[int], workers: list[int]) -> bool:

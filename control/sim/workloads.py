@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -167,8 +166,3 @@ def drift_keys(p: np.ndarray, rng: np.random.Generator, fraction: float) -> np.n
     q = p.copy()
     q[a], q[b] = p[b], p[a]
     return q
-
-
-def summary_of(values: Sequence[float]) -> dict[str, float]:
-    arr = np.asarray(values, dtype=float)
-    return {"min": float(arr.min()), "mean": float(arr.mean()), "max": float(arr.max())}
