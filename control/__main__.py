@@ -23,6 +23,7 @@ from typing import Any
 
 from control import forecasting as fc
 from control import sysmodel as sm
+from control.jsonio import InputError, read_json
 from control.planning import cli as planning_cli
 from control.sim import cli as sim_cli
 from control.strategies import mpc
@@ -31,10 +32,6 @@ from control.strategies import mpc
 THESIS_TABLE_7_1 = {1: (108, 1.0), 2: (2_537, 0.2175), 3: (72_055, 0.0572)}
 MPC_FIELDS = {"alpha", "beta", "gamma", "latency_bound_s", "qos", "resource", "ca2", "cs2",
               "feedback", "time_unit_s", "utilisation_margin", "f_step"}
-
-
-class InputError(ValueError):
-    pass
 
 
 def _need(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
@@ -103,15 +100,7 @@ def build_problem(doc: Any) -> tuple[mpc.MpcProblem, list[float], str]:
 
 def cmd_decide(args: argparse.Namespace) -> int:
     try:
-        text = sys.stdin.read() if args.file in (None, "-") else open(args.file).read()
-        problem, forecast, name = build_problem(json.loads(text))
-    except OSError as exc:
-        print(f"error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except json.JSONDecodeError as exc:
-        print(f"error: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
-              file=sys.stderr)
-        return 2
+        problem, forecast, name = build_problem(read_json(args.file))
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -11,22 +11,11 @@ import json
 import sys
 from typing import Any
 
+from control.jsonio import InputError, read_json
 from control.planning import PlanningError
 from control.planning import fusion as fu
 from control.planning import migration as mig
 from control.planning import schedule as sch
-
-
-def _read(path: str | None) -> Any:
-    try:
-        text = sys.stdin.read() if path in (None, "-") else open(path).read()
-    except OSError as exc:
-        raise PlanningError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PlanningError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: "
-                            f"{exc.msg}") from exc
 
 
 def _numbers(doc: dict, key: str, whole: bool = False) -> list:
@@ -74,7 +63,7 @@ def _mtm(doc: dict) -> dict[int, dict[int, float]]:
 
 
 def cmd_plan_migration(args: argparse.Namespace) -> dict:
-    doc = _read(args.file)
+    doc = read_json(args.file)
     problem = migration_problem(doc)
     if args.planner == "mtm":
         gamma = doc.get("gamma", 0.8)
@@ -87,7 +76,7 @@ def cmd_plan_migration(args: argparse.Namespace) -> dict:
 
 
 def cmd_schedule(args: argparse.Namespace) -> dict:
-    doc = _read(args.file)
+    doc = read_json(args.file)
     if not isinstance(doc, dict):
         raise PlanningError("input must be a JSON object")
     current = _numbers(doc, "current", whole=True)
@@ -100,7 +89,7 @@ def cmd_schedule(args: argparse.Namespace) -> dict:
 
 
 def cmd_plan_fusion(args: argparse.Namespace) -> dict:
-    problem = fu.parse_problem(_read(args.file))
+    problem = fu.parse_problem(read_json(args.file))
     return fu.plan_fusion(problem, args.algorithm).as_dict(problem)
 
 
@@ -131,7 +120,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         out = args.planning(args)
-    except PlanningError as exc:
+    except (InputError, PlanningError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if out is not None:

@@ -11,23 +11,13 @@ import json
 import sys
 
 from control import sim
+from control.jsonio import InputError, read_json
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     try:
-        text = sys.stdin.read() if args.file in (None, "-") else open(args.file).read()
-    except OSError as exc:
-        print(f"error: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return 2
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        print(f"error: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
-              file=sys.stderr)
-        return 2
-    try:
-        out = sim.simulate(doc)
-    except sim.ScenarioError as exc:
+        out = sim.simulate(read_json(args.file))
+    except (InputError, sim.ScenarioError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.summary_only:
