@@ -19,13 +19,13 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from control.planning import migration as mig
+from control.sim.workloads import SHARED_DATA
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "elastic-hft" / "random_walk_rates"
+TRACE = SHARED_DATA / "elastic-hft" / "random_walk_rates"
 PLANNER_ORDER = ("ding", "ding-ordered", "ding-table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
 
 
