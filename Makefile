@@ -11,7 +11,7 @@ test:           ## the whole suite, on PostgreSQL and on SQLite
 BENCH_ENV = STREAMWISE_VAR=$(CURDIR)/var/bench REDIS_URL=redis://127.0.0.1:6379/13 \
 	DATABASE_URL=sqlite:///$(CURDIR)/var/bench/db.sqlite3
 
-bench:          ## push latency, sink vs Spark, MPC, planners, simulator (ratios vs baselines)
+bench:          ## push latency, sink vs Spark, MPC, planners, simulator, elastic runtime
 	bash .ci/bootstrap.sh --test
 	bash .ci/services.sh
 	$(BENCH_ENV) .venv/bin/python manage.py bench_push
@@ -20,6 +20,9 @@ bench:          ## push latency, sink vs Spark, MPC, planners, simulator (ratios
 	.venv/bin/python -m control bench-planning
 	.venv/bin/python -m control bench-sim
 	.venv/bin/python -m control reproduce-thesis
+	.venv/bin/python -m pipelines.runtime.bench migration
+	.venv/bin/python -m pipelines.runtime.bench scale
+	.venv/bin/python -m pipelines.runtime.bench closed-loop
 
 lint:
 	.venv/bin/ruff check .

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from control.models import LabRun, Policy
+from control.models import Decision, LabRun, Policy
 
 
 @admin.register(Policy)
@@ -14,3 +14,19 @@ class PolicyAdmin(admin.ModelAdmin):
 class LabRunAdmin(admin.ModelAdmin):
     list_display = ("pk", "name", "status", "progress", "total", "created_by", "created_at")
     readonly_fields = ("scenario", "result")
+
+
+@admin.register(Decision)
+class DecisionAdmin(admin.ModelAdmin):
+    """Read-only: decisions are the controller's audit trail."""
+
+    list_display = ("run", "step", "at", "strategy", "current_workers", "chosen_workers",
+                    "chosen_freq_ghz", "action", "outcome", "predicted_latency_ms",
+                    "measured_latency_ms", "solve_ms")
+    list_filter = ("strategy", "action", "outcome")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 
 from django import forms
+from django.conf import settings
 
 from control.models import Policy
 
@@ -19,13 +20,20 @@ def json_from_field(text: str | None) -> object:
 class PolicyForm(forms.ModelForm):
     strategy_params = forms.CharField(
         required=False, initial="{}", widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
-        help_text="JSON object of strategy parameters.")
+        help_text='JSON object of strategy parameters, e.g. {"horizon": 2, "alpha": 2, '
+                  '"beta": 0.5, "gamma": 0.4} for an MPC strategy, {"theta_max": 0.9, '
+                  '"theta_min": 0.8} for th-rule; "violation_steps" and '
+                  '"rebalance_threshold" for any.')
+    # A webhook typed without a scheme is https (Django 6's default; explicit now).
+    alert_webhook = forms.URLField(required=False, assume_scheme="https",
+                                   help_text=Policy._meta.get_field("alert_webhook").help_text)
 
     class Meta:
         model = Policy
         fields = ["name", "description", "latency_bound_ms", "throughput_floor_rps",
                   "power_budget_w", "control_step_s", "min_workers", "initial_workers",
-                  "max_workers", "strategy", "strategy_params"]
+                  "max_workers", "strategy", "strategy_params", "violation_steps",
+                  "alert_webhook"]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -38,6 +46,30 @@ class PolicyForm(forms.ModelForm):
         if not isinstance(value, dict):
             raise forms.ValidationError("Must be a JSON object, e.g. {} or {\"horizon\": 2}.")
         return value
+
+    def clean_max_workers(self) -> int:
+        n = self.cleaned_data["max_workers"]
+        if n > settings.CLUSTER_CORES:
+            raise forms.ValidationError(
+                f"At most {settings.CLUSTER_CORES}: the Spark cluster offers "
+                f"{settings.CLUSTER_CORES} cores and every worker is a 1-core executor.")
+        return n
+
+    def clean(self) -> dict:
+        """The strategy's parameters, checked by the closed loop itself (horizon 1–5,
+        weights > 0, thresholds ordered, ...): an error names the parameter."""
+        from control import live
+
+        data = super().clean()
+        strategy, params = data.get("strategy"), data.get("strategy_params")
+        if strategy and strategy != "manual" and isinstance(params, dict):
+            try:
+                live.check_params(strategy, params)
+            except live.LoopError as exc:
+                self.add_error("strategy_params", f"{exc}")
+        elif strategy == "manual" and params:
+            self.add_error("strategy_params", "The manual strategy takes no parameters.")
+        return data
 
 
 class LabForm(forms.Form):

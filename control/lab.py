@@ -134,7 +134,11 @@ def policy_from_lab(lab: LabRun, label: str, user: Any) -> tuple[Policy | None, 
     max_workers = min(int(system.get("max_workers", 12)), MAX_WORKERS_LIMIT)
     min_workers = min(int(system.get("min_workers", 1)), max_workers)
     power = [p for p in row["series"]["power_w"] if p is not None]
-    params = {k: v for k, v in spec.items() if k not in ("name", "label")}
+    # Only what the closed loop takes (the simulator's Kingman-only knobs stay in the lab).
+    from control import live
+
+    allowed = live.PARAMS.get(spec["name"], ())
+    params = {k: v for k, v in spec.items() if k in allowed}
     base = re.sub(r"[^a-z0-9]+", "-", f"lab{lab.pk}-{label}".lower()).strip("-")[:90]
     name, n = base, 1
     while Policy.objects.filter(name=name).exists():

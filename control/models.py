@@ -35,6 +35,13 @@ class Policy(models.Model):
     strategy = models.CharField(max_length=40, choices=sorted(STRATEGIES.items()),
                                 default="manual")
     strategy_params = models.JSONField(default=dict, blank=True)
+    violation_steps = models.PositiveIntegerField(
+        "alert after violating steps", default=3,
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text="A QoS alert is raised when the p95 bound (or the throughput floor) is "
+                  "broken for this many control steps in a row.")
+    alert_webhook = models.URLField(
+        blank=True, help_text="Optional: alerts are also POSTed here as JSON.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -94,3 +101,68 @@ class LabRun(models.Model):
     @property
     def percent(self) -> int:
         return int(100 * self.progress / self.total) if self.total else 0
+
+
+class DecisionOutcome(models.TextChoices):
+    HOLD = "hold"  # the strategy keeps the configuration
+    DRY_RUN = "dry-run"  # decided and shown, not sent (the run's dry-run switch)
+    BUSY = "busy"  # a previous reconfiguration is still under way
+    PENDING = "pending"  # sent to the runner, not acknowledged yet
+    APPLIED = "applied"  # the runner acknowledged and it took effect
+    FAILED = "failed"  # the runner refused or did not acknowledge
+
+
+class Decision(models.Model):
+    """One control step of a run: what was observed, predicted, chosen and done.
+
+    ``inputs``/``predictions``/``cost`` are ``control.live.LiveDecision`` as-is; the
+    columns copy what the decisions table and the charts need."""
+
+    run = models.ForeignKey("pipelines.Run", on_delete=models.CASCADE,
+                            related_name="decisions")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    t = models.FloatField(help_text="runner time (epoch s) of the step's last batch")
+    step = models.PositiveIntegerField()
+    strategy = models.CharField(max_length=40)
+    action = models.CharField(max_length=20)
+    outcome = models.CharField(max_length=10, choices=DecisionOutcome.choices)
+    outcome_message = models.TextField(blank=True)
+    current_workers = models.PositiveIntegerField()
+    current_freq_ghz = models.FloatField()
+    chosen_workers = models.PositiveIntegerField()
+    chosen_freq_ghz = models.FloatField()
+    measured_latency_ms = models.FloatField(null=True)
+    predicted_latency_ms = models.FloatField(null=True, help_text="for the next step")
+    predicted_power_w = models.FloatField(null=True)
+    solve_ms = models.FloatField()
+    reason = models.TextField(blank=True)
+    alerts = models.JSONField(default=list, blank=True)
+    inputs = models.JSONField(default=dict)
+    predictions = models.JSONField(default=list)
+    cost = models.JSONField(default=dict, blank=True)
+    model_error = models.JSONField(default=dict, blank=True)
+    applied_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"],
+                                               name="unique_run_decision_step")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} step {self.step}: {self.action} ({self.outcome})"
+
+    def as_dict(self) -> dict:
+        """The wire form (run page, WebSocket): strict JSON, no NaN or infinity."""
+        from control.live import json_safe
+
+        mape = (self.model_error or {}).get("mape") or {}
+        return json_safe({"id": self.pk, "step": self.step, "t": self.t, "at": self.at.isoformat(),
+                "strategy": self.strategy, "action": self.action, "outcome": self.outcome,
+                "outcome_message": self.outcome_message,
+                "current": {"workers": self.current_workers, "freq_ghz": self.current_freq_ghz},
+                "chosen": {"workers": self.chosen_workers, "freq_ghz": self.chosen_freq_ghz},
+                "measured_latency_ms": self.measured_latency_ms,
+                "predicted_latency_ms": self.predicted_latency_ms,
+                "predicted_power_w": self.predicted_power_w, "solve_ms": self.solve_ms,
+                "cost": self.cost, "reason": self.reason, "alerts": self.alerts,
+                "rebalance": (self.inputs or {}).get("rebalance"), "mape": mape})

@@ -30,7 +30,10 @@ log = logging.getLogger(__name__)
 SAMPLE_FIELDS = ("batch_id", "input_rows", "records", "input_rate", "scheduled_rate",
                  "output_rate", "batch_duration_ms", "latency_p50_ms", "latency_p95_ms",
                  "latency_p99_ms", "latency_max_ms", "workers", "frequency_ghz", "power_w",
-                 "state_rows")
+                 "state_rows", "frequency_source", "drift", "group_moves", "failed_tasks",
+                 "groups", "migration")
+# Per-group arrays of a runner record, kept together as a sample's ``groups``.
+GROUP_FIELDS = ("placement", "ran_on", "group_bytes", "group_ms", "group_records")
 
 
 def group_name(run_id: int) -> str:
@@ -83,6 +86,7 @@ def record_event(run: Run, kind: str, actor: str, message: str = "",
 def run_state(run: Run) -> dict[str, Any]:
     return {"id": run.pk, "status": run.status, "reason": run.status_reason,
             "workers": run.workers, "frequency_ghz": run.frequency_ghz,
+            "frequency_source": run.frequency_source, "dry_run": run.dry_run,
             "key_groups": run.key_groups, "spark_app_id": run.spark_app_id}
 
 
@@ -136,19 +140,58 @@ def request_stop(run: Run, user: Any) -> None:
     transaction.on_commit(lambda: tasks.stop_run.delay(run.pk, actor_for(user)))
 
 
-def request_workers(run: Run, workers: int, user: Any) -> None:
+def request_reconfiguration(run: Run, command: str, args: dict[str, Any], user: Any,
+                            message: str) -> None:
+    """Audit and queue one runner reconfiguration (``set_workers``, ``rebalance``,
+    ``move_groups``, ``set_frequency``); the Celery task sends it and records the
+    runner's acknowledgement."""
     from pipelines import tasks
 
-    record_event(run, "reconfigure_requested", actor_for(user), f"set workers to {workers}",
-                 {"workers": workers})
-    transaction.on_commit(
-        lambda: tasks.reconfigure_run.delay(run.pk, {"workers": workers}, actor_for(user)))
+    record_event(run, "reconfigure_requested", actor_for(user), message,
+                 {"command": command, **args})
+    transaction.on_commit(lambda: tasks.reconfigure_run.delay(
+        run.pk, {"command": command, "args": args}, actor_for(user)))
+
+
+def request_workers(run: Run, workers: int, user: Any, schedule: str = "batched") -> None:
+    request_reconfiguration(run, "set_workers", {"workers": workers, "schedule": schedule},
+                            user, f"set workers to {workers} ({schedule} migration)")
+
+
+def request_rebalance(run: Run, planner: str, schedule: str, tau: float, user: Any) -> None:
+    request_reconfiguration(run, "rebalance",
+                            {"planner": planner, "schedule": schedule, "tau": tau}, user,
+                            f"rebalance key groups ({planner}, tau {tau:g}, {schedule})")
+
+
+def request_move_groups(run: Run, groups: list[int], executor: str, schedule: str,
+                        user: Any) -> None:
+    request_reconfiguration(run, "move_groups",
+                            {"moves": {str(g): executor for g in groups},
+                             "schedule": schedule}, user,
+                            f"move key groups {', '.join(map(str, groups))} to executor "
+                            f"{executor} ({schedule})")
+
+
+def current_executors(run: Run) -> list[str]:
+    """The executors owning key groups in the run's latest placement."""
+    sample = run.samples.exclude(groups=None).order_by("-batch_id").only("groups").first()
+    placement = ((sample.groups or {}).get("placement") or []) if sample else []
+    return sorted({str(e) for e in placement if e is not None},
+                  key=lambda e: (len(e), e))
+
+
+def request_frequency(run: Run, ghz: float, user: Any) -> None:
+    request_reconfiguration(run, "set_frequency", {"ghz": ghz}, user,
+                            f"set CPU frequency to {ghz:g} GHz")
 
 
 # ------------------------------------------------------------------------- metrics
 def sample_from_record(record: dict[str, Any]) -> dict[str, Any]:
     """Wire dict (pushed to browsers) for a runner metrics record."""
     wire = {k: record.get(k) for k in SAMPLE_FIELDS}
+    if record.get("placement") is not None:
+        wire["groups"] = {k: record.get(k) for k in GROUP_FIELDS}
     wire["t"] = record["t"]
     wire["written_at"] = record.get("written_at")
     wire["power_measured"] = record.get("power_source") == "measured"
@@ -167,6 +210,7 @@ def store_samples(run_id: int, wires: list[dict[str, Any]]) -> None:
     for w in wires:
         fields = {k: w.get(k) for k in SAMPLE_FIELDS}
         fields["workers"] = fields.get("workers") or 0
+        fields["frequency_source"] = fields.get("frequency_source") or ""
         fields["input_rows"] = fields.get("input_rows") or 0
         fields["records"] = fields.get("records") or 0
         rows.append(MetricSample(run_id=run_id, power_measured=bool(w.get("power_measured")),

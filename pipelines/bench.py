@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,11 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.runtime import bus as busmod
 from pipelines.runtime import cluster, definition
+from pipelines.runtime.harness import HarnessError, RunnerProcess
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH_BUS_KEY = busmod.bus_key(990_001, "bench")
 
 
 def spark_side_p95_ms(record: dict, spec: definition.PipelineSpec, t0: float) -> float | None:
@@ -98,50 +95,29 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="streamwise-bench-"))
     print(f"starting an embedded Spark cluster in {work} …", flush=True)
     info = cluster.start(work / "spark")
-    run_bus = busmod.RunBus(busmod.connect(args.redis_url), BENCH_BUS_KEY)
-    run_bus.reset()
-    cfg = {"run_id": run_bus.run_id, "bus_key": BENCH_BUS_KEY, "redis_url": args.redis_url, "master_url": info.master_url,
-           "checkpoint_dir": str(work / "run"), "definition": spec.raw,
-           "initial_workers": 1, "max_workers": 1}
-    (work / "runner.json").write_text(json.dumps(cfg))
-    log = open(work / "runner.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.runner",
-                             str(work / "runner.json")], cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT)
-    records: list[dict] = []
-    t0 = None
-    cursor = {busmod.events_key(BENCH_BUS_KEY): "0-0", busmod.metrics_key(BENCH_BUS_KEY): "0-0"}
-    deadline = None
+    run = RunnerProcess(work / "run", info.master_url, spec.raw, args.redis_url,
+                        run_id=990_001, token="bench", initial_workers=1, max_workers=1)
     try:
-        while proc.poll() is None:
-            for key, entries in run_bus.r.xread(cursor, block=1000) or []:
-                cursor[key] = entries[-1][0]
-                for _id, fields in entries:
-                    if "e" in fields:
-                        event = json.loads(fields["e"])
-                        if event["type"] == "query_started":
-                            t0 = event["t0"]
-                            deadline = time.monotonic() + args.seconds
-                            print(f"query started; measuring for {args.seconds:.0f}s",
-                                  flush=True)
-                        elif event["type"] == "failed":
-                            print(f"run failed: {event.get('reason')}", file=sys.stderr)
-                            return 1
-                    else:
-                        records.append(json.loads(fields["m"]))
-                        if len(records) % 10 == 0:
-                            print(f"  {len(records)} batches", flush=True)
-            if deadline and time.monotonic() > deadline:
-                run_bus.send_command("stop")
-                deadline = None
-        if t0 is None:
-            print(f"runner exited before the query started; see {work}/runner.log",
-                  file=sys.stderr)
-            return 1
+        with run:
+            run.wait_until(lambda: any(e["type"] == "query_started" for e in run.events),
+                           300, "the query to start")
+            print(f"query started; measuring for {args.seconds:.0f}s", flush=True)
+            deadline = time.monotonic() + args.seconds
+
+            shown = [0]
+
+            def measured() -> bool:
+                if len(run.metrics) >= shown[0] + 10:
+                    shown[0] = len(run.metrics)
+                    print(f"  {shown[0]} batches", flush=True)
+                return time.monotonic() > deadline
+
+            run.wait_until(measured, args.seconds + 120, "the measurement window")
+        records, t0 = run.metrics, run.t0
+    except HarnessError as exc:
+        print(f"error: {exc}; see {work}/run/runner.log", file=sys.stderr)
+        return 1
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=60)
         cluster.stop(info)
     try:
         result = summarize(records, spec, t0)

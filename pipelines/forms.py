@@ -14,7 +14,8 @@ class PipelineForm(forms.ModelForm):
         widget=forms.Textarea(attrs={"rows": 24, "cols": 90, "spellcheck": "false",
                                      "class": "mono"}),
         help_text="JSON: a generator source, stateless filter/map steps, exactly one "
-                  "keyed_aggregate, and the latency sink.")
+                  "keyed stateful operator (keyed_aggregate, or hft_window: the thesis' HFT "
+                  "kernel), and the latency sink.")
 
     class Meta:
         model = Pipeline
@@ -42,8 +43,15 @@ class StartRunForm(forms.Form):
     policy = forms.ModelChoiceField(queryset=Policy.objects.all(), empty_label=None)
 
 
+SCHEDULE_CHOICES = [(s, s) for s in ("batched", "fluid", "all-at-once")]
+PLANNER_CHOICES = [(p, p) for p in ("ding-table", "ding", "balanced", "flux",
+                                    "consistent-hash", "scratch")]
+
+
 class WorkersForm(forms.Form):
     workers = forms.IntegerField(min_value=1)
+    schedule = forms.ChoiceField(choices=SCHEDULE_CHOICES, initial="batched",
+                                 help_text="how moved key groups are paced (Megaphone)")
 
     def __init__(self, *args, policy: Policy, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -60,3 +68,62 @@ class WorkersForm(forms.Form):
                 f"Workers must be between {self.policy.min_workers} and "
                 f"{self.policy.max_workers} (policy {self.policy.name}).")
         return n
+
+
+class RebalanceForm(forms.Form):
+    planner = forms.ChoiceField(choices=PLANNER_CHOICES, initial="ding-table")
+    schedule = forms.ChoiceField(choices=SCHEDULE_CHOICES, initial="batched")
+    tau = forms.FloatField(min_value=0.0, max_value=10.0, initial=0.2,
+                           help_text="load imbalance allowed: max load <= (1+tau) x mean")
+
+
+class MoveGroupsForm(forms.Form):
+    """Set placement now: these key groups to that worker (the runner checks the
+    executor is alive and moves exactly these groups, paced by the schedule)."""
+
+    groups = forms.CharField(max_length=200, help_text="key groups, e.g. 0,3 or 2-5")
+    executor = forms.ChoiceField(choices=(), label="to worker")
+    schedule = forms.ChoiceField(choices=SCHEDULE_CHOICES, initial="batched")
+
+    def __init__(self, *args, key_groups: int, executors: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.key_groups = key_groups
+        self.fields["executor"].choices = [(e, f"executor {e}") for e in executors]
+        self.fields["groups"].widget.attrs.update(size=8, placeholder="0,3 or 2-5")
+
+    def clean_groups(self) -> list[int]:
+        chosen: set[int] = set()
+        for part in self.cleaned_data["groups"].replace(" ", "").split(","):
+            if not part:
+                continue
+            low, dash, high = part.partition("-")
+            try:
+                first, last = int(low), int(high) if dash else int(low)
+            except ValueError:
+                raise forms.ValidationError(
+                    f"{part!r} is not a group number or a range like 2-5") from None
+            if not 0 <= first <= last < self.key_groups:
+                raise forms.ValidationError(
+                    f"{part}: this run's key groups are 0 to {self.key_groups - 1}")
+            chosen.update(range(first, last + 1))
+        if not chosen:
+            raise forms.ValidationError("Name at least one key group.")
+        return sorted(chosen)
+
+
+class FrequencyForm(forms.Form):
+    ghz = forms.FloatField(min_value=0.1, max_value=10.0, label="GHz")
+
+    def __init__(self, *args, choices: list[float] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.choices = sorted(choices or [])
+        self.fields["ghz"].widget.attrs.update(step="0.01")
+        if self.choices:
+            self.fields["ghz"].widget.attrs.update(min=self.choices[0], max=self.choices[-1])
+
+    def clean_ghz(self) -> float:
+        ghz = self.cleaned_data["ghz"]
+        if self.choices and not self.choices[0] - 1e-9 <= ghz <= self.choices[-1] + 1e-9:
+            raise forms.ValidationError(f"Frequency must be between {self.choices[0]} and "
+                                        f"{self.choices[-1]} GHz on this run.")
+        return ghz

@@ -97,8 +97,15 @@ class Run(models.Model):
     # Current configuration (what the runner last reported).
     workers = models.PositiveIntegerField(default=0)
     frequency_ghz = models.FloatField(null=True, blank=True)
+    frequency_source = models.CharField(
+        max_length=16, blank=True,
+        help_text="cpufreq (DVFS set), emulated (duty cycle), cpuinfo/nominal (read only)")
+    frequencies = models.JSONField(default=list, blank=True,
+                                   help_text="frequencies (GHz) the runner can set")
     key_groups = models.PositiveIntegerField(default=0)
     checkpoint_dir = models.CharField(max_length=500, blank=True)
+    dry_run = models.BooleanField(
+        default=False, help_text="the controller decides and shows, but does not act")
     bus_token = models.CharField(max_length=16, default=new_bus_token, editable=False,
                                  help_text="makes this run's Redis keys unique")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
@@ -177,6 +184,15 @@ class MetricSample(models.Model):
     power_w = models.FloatField(null=True)
     power_measured = models.BooleanField(default=False)
     state_rows = models.BigIntegerField(null=True)
+    frequency_source = models.CharField(max_length=16, blank=True)
+    # Elastic runtime (measured from Spark's REST API and the checkpoint each batch).
+    drift = models.IntegerField(null=True, help_text="groups that ran off their placement")
+    group_moves = models.IntegerField(null=True,
+                                      help_text="groups on another executor than last batch")
+    failed_tasks = models.IntegerField(null=True)
+    groups = models.JSONField(null=True, blank=True,
+                              help_text="per key group: placement, ran_on, bytes, ms")
+    migration = models.JSONField(null=True, blank=True, help_text="migration in progress")
 
     class Meta:
         ordering = ["run", "batch_id"]

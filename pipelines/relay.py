@@ -31,6 +31,36 @@ log = logging.getLogger(__name__)
 PUSH_MAX_AGE_S = 10.0
 
 
+def _mb(n: float | None) -> str:
+    return f"{(n or 0) / 1e6:.2f} MB"
+
+
+def describe(kind: str, e: dict[str, Any]) -> str:
+    """One timeline line for a runner event (the payload keeps every detail)."""
+    if kind == "migration_started":
+        return (f"{e.get('strategy')} migration {e.get('migration_id')}: {e.get('groups')} "
+                f"groups, {_mb(e.get('bytes'))} in {e.get('steps')} steps ({e.get('reason')})")
+    if kind == "migration_step_applied":
+        moves = ", ".join(f"g{m['group']} {m['from']}→{m['to']}" for m in e.get("moves", []))
+        return f"step {e.get('step', 0) + 1} applied after batch {e.get('after_batch')}: {moves}"
+    if kind == "migration_step":
+        ok = "on target" if e.get("verified") else "NOT on target: " + str(e.get("ran_on"))
+        return (f"step {e.get('index', 0) + 1}/{e.get('steps')}: {len(e.get('moves', []))} "
+                f"groups, {_mb(e.get('bytes'))}, batch {e.get('batch_id')} took "
+                f"{e.get('batch_duration_ms')} ms, {ok}")
+    if kind == "migration_done":
+        return (f"migration {e.get('migration_id')} {'verified' if e.get('verified') else 'FAILED'}"
+                f": {e.get('groups_moved')} groups, {_mb(e.get('bytes_moved'))} in "
+                f"{e.get('steps')} steps, {e.get('duration_s')} s"
+                + (f" ({e.get('failed')})" if e.get("failed") else ""))
+    if kind == "placement_drift":
+        return (f"batch {e.get('batch_id')}: groups {e.get('groups')} ran off their placement "
+                f"(ran on {e.get('ran_on')})")
+    if kind == "frequency_changed":
+        return f"CPU frequency {e.get('ghz')} GHz ({e.get('source')})"
+    return e.get("reason") or ", ".join(f"{k}={v}" for k, v in e.items())
+
+
 def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> bool:
     """Record a runner event and apply it to the run; True when the run has ended."""
     run = Run.objects.get(pk=run_id)
@@ -44,10 +74,15 @@ def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> boo
     elif kind == "query_started":
         actions.transition(run, RunStatus.RUNNING, "runner", "streaming query started",
                            workers=event.get("workers", 0),
-                           key_groups=event.get("key_groups", run.key_groups))
+                           key_groups=event.get("key_groups", run.key_groups),
+                           frequency_source=event.get("frequency_source", ""),
+                           frequencies=event.get("frequencies") or [])
+    elif kind == "frequency_changed":
+        actions.update_config(run, frequency_ghz=event.get("ghz"),
+                              frequency_source=event.get("source", ""))
     elif kind == "workers_changed":
         actions.update_config(run, workers=event.get("workers", run.workers))
-    message = event.get("reason") or ", ".join(f"{k}={v}" for k, v in details.items())
+    message = describe(kind, details)
     actions.record_event(run, f"runner:{kind}", "runner", message, details, source_id=entry_id)
     if kind == "stopped":
         actions.transition(run, RunStatus.STOPPED, "runner", event.get("reason", "stopped"))

@@ -74,33 +74,59 @@ def stop_run(run_id: int, actor: str = "system") -> str:
     return "stopping"
 
 
+RECONFIGURATIONS = ("set_workers", "move_groups", "rebalance", "set_frequency")
+
+
 @shared_task
 def reconfigure_run(run_id: int, changes: dict, actor: str = "system") -> str:
+    """Send one reconfiguration to the run's runner and record its acknowledgement.
+
+    ``changes`` is ``{"command": name, "args": {...}}`` (or the older ``{"workers": n}``).
+    The policy's worker range is checked here, the rest by the runner, which answers
+    with the migration's per-step report when state moved."""
     run = Run.objects.select_related("policy").get(pk=run_id)
+    if "command" not in changes:
+        changes = {"command": "set_workers", "args": changes}
+    command, args = changes["command"], dict(changes.get("args") or {})
     if run.status != RunStatus.RUNNING:
         message = f"reconfigure ignored: run {run.pk} is {run.status}, not running"
         actions.record_event(run, "reconfigure_ignored", actor, message, changes)
         return message
-    workers = changes.get("workers")
+    if command not in RECONFIGURATIONS:
+        message = f"reconfigure refused: unknown command {command!r}"
+        actions.record_event(run, "reconfigure_refused", actor, message, changes)
+        return message
     policy = run.policy
-    if not isinstance(workers, int) or not policy.min_workers <= workers <= policy.max_workers:
+    workers = args.get("workers")
+    if command == "set_workers" and (
+            not isinstance(workers, int) or isinstance(workers, bool)
+            or not policy.min_workers <= workers <= policy.max_workers):
         message = (f"reconfigure refused: workers must be in {policy.min_workers}.."
                    f"{policy.max_workers} (policy {policy.name}), got {workers!r}")
         actions.record_event(run, "reconfigure_refused", actor, message, changes)
         return message
+    return send_and_wait(run, command, args, actor)[1]
+
+
+def send_and_wait(run: Run, command: str, args: dict, actor: str) -> tuple[bool, str]:
+    """Send one command to the run's runner, wait for its acknowledgement, audit it and
+    update the run's configuration. Returns (ok, message)."""
     bus = launch.run_bus(run)
-    command_id = bus.send_command("set_workers", workers=workers)
+    changes = {"command": command, "args": args}
+    command_id = bus.send_command(command, **args)
     ack = bus.wait_ack(command_id, settings.COMMAND_ACK_TIMEOUT_S)
     if ack is None:
-        message = (f"no acknowledgement for set_workers={workers} within "
+        message = (f"no acknowledgement for {command} {args} within "
                    f"{settings.COMMAND_ACK_TIMEOUT_S:.0f}s")
         actions.record_event(run, "reconfigure_timeout", WORKER, message, changes)
-        return message
+        return False, message
     actions.record_event(run, "reconfigured" if ack["ok"] else "reconfigure_failed", "runner",
-                         ack["message"], ack)
-    if ack["ok"]:
-        actions.update_config(run, workers=ack.get("workers", workers))
-    return ack["message"]
+                         ack["message"], {**ack, "requested_by": actor})
+    if ack["ok"] and command == "set_workers":
+        actions.update_config(run, workers=ack.get("workers", args.get("workers")))
+    elif ack["ok"] and command == "set_frequency":
+        actions.update_config(run, frequency_ghz=ack["ghz"], frequency_source=ack["source"])
+    return bool(ack["ok"]), ack["message"]
 
 
 def _last_runner_outcome(bus: busmod.RunBus) -> dict | None:

@@ -11,4 +11,8 @@ urlpatterns = [
     path("runs/<int:pk>/", views.run_detail, name="run-detail"),
     path("runs/<int:pk>/stop/", views.run_stop, name="run-stop"),
     path("runs/<int:pk>/workers/", views.run_workers, name="run-workers"),
+    path("runs/<int:pk>/rebalance/", views.run_rebalance, name="run-rebalance"),
+    path("runs/<int:pk>/frequency/", views.run_frequency, name="run-frequency"),
+    path("runs/<int:pk>/move-groups/", views.run_move_groups, name="run-move-groups"),
+    path("runs/<int:pk>/dry-run/", views.run_dry_run, name="run-dry-run"),
 ]

@@ -1,6 +1,9 @@
 """Thin views: validate input with a form, call a domain action, redirect."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import HttpRequest, HttpResponse
@@ -9,7 +12,14 @@ from django.views.decorators.http import require_POST
 
 from control.models import Policy
 from pipelines import actions
-from pipelines.forms import PipelineForm, StartRunForm, WorkersForm
+from pipelines.forms import (
+    FrequencyForm,
+    MoveGroupsForm,
+    PipelineForm,
+    RebalanceForm,
+    StartRunForm,
+    WorkersForm,
+)
 from pipelines.models import Pipeline, Run
 from pipelines.runtime.definition import DEMO_DEFINITION
 
@@ -71,7 +81,12 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
                             pk=pk)
     return render(request, "pipelines/run_detail.html", {
         "run": run, "policy": run.policy,
-        "workers_form": WorkersForm(policy=run.policy, initial={"workers": run.workers or 1})})
+        "workers_form": WorkersForm(policy=run.policy, initial={"workers": run.workers or 1}),
+        "rebalance_form": RebalanceForm(),
+        "move_form": MoveGroupsForm(key_groups=run.key_groups or 1,
+                                    executors=actions.current_executors(run)),
+        "frequency_form": FrequencyForm(choices=run.frequencies, initial={
+            "ghz": run.frequency_ghz or (max(run.frequencies) if run.frequencies else None)})})
 
 
 @login_required
@@ -87,19 +102,93 @@ def run_stop(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("run-detail", pk=run.pk)
 
 
+def _form_errors(form: Any) -> str:
+    return "; ".join(f"{name}: {' '.join(errs)}" for name, errs in form.errors.items())
+
+
+def _reconfigure(request: HttpRequest, run: Run, form: Any, what: str,
+                 act: Callable[[dict[str, Any]], str]) -> HttpResponse:
+    """The three reconfiguration forms: field errors, or a refusal unless the run is
+    running, or the domain action (``act`` returns the success message)."""
+    if not form.is_valid():
+        messages.error(request, _form_errors(form))
+    elif run.status != "running":
+        messages.error(request, f"Run {run.pk} is {run.status}; {what} only while it is "
+                                "running.")
+    else:
+        messages.success(request, act(form.cleaned_data))
+    return redirect("run-detail", pk=run.pk)
+
+
 @login_required
 @require_POST
 @permission_required("pipelines.change_run", raise_exception=True)
 def run_workers(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("policy"), pk=pk)
-    form = WorkersForm(request.POST, policy=run.policy)
-    if not form.is_valid():
-        messages.error(request, "; ".join(form.errors.get("workers", ["Invalid workers."])))
-    elif run.status != "running":
-        messages.error(request, f"Run {run.pk} is {run.status}; workers can change only "
-                                "while it is running.")
-    else:
-        actions.request_workers(run, form.cleaned_data["workers"], request.user)
-        messages.success(request, f"Asked run {run.pk} for {form.cleaned_data['workers']} "
-                                  "workers.")
+
+    def act(data: dict[str, Any]) -> str:
+        actions.request_workers(run, data["workers"], request.user, data["schedule"])
+        return f"Asked run {run.pk} for {data['workers']} workers."
+
+    return _reconfigure(request, run, WorkersForm(request.POST, policy=run.policy),
+                        "workers can change", act)
+
+
+@login_required
+@require_POST
+@permission_required("pipelines.change_run", raise_exception=True)
+def run_rebalance(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+
+    def act(data: dict[str, Any]) -> str:
+        actions.request_rebalance(run, data["planner"], data["schedule"], data["tau"],
+                                  request.user)
+        return f"Asked run {run.pk} to rebalance its key groups."
+
+    return _reconfigure(request, run, RebalanceForm(request.POST), "it can be rebalanced",
+                        act)
+
+
+@login_required
+@require_POST
+@permission_required("pipelines.change_run", raise_exception=True)
+def run_move_groups(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+
+    def act(data: dict[str, Any]) -> str:
+        actions.request_move_groups(run, data["groups"], data["executor"], data["schedule"],
+                                    request.user)
+        return (f"Asked run {run.pk} to move {len(data['groups'])} key groups to executor "
+                f"{data['executor']}.")
+
+    form = MoveGroupsForm(request.POST, key_groups=run.key_groups or 1,
+                          executors=actions.current_executors(run))
+    return _reconfigure(request, run, form, "its key groups can move", act)
+
+
+@login_required
+@require_POST
+@permission_required("pipelines.change_run", raise_exception=True)
+def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=pk)
+
+    def act(data: dict[str, Any]) -> str:
+        actions.request_frequency(run, data["ghz"], request.user)
+        return f"Asked run {run.pk} for {data['ghz']:g} GHz."
+
+    return _reconfigure(request, run, FrequencyForm(request.POST, choices=run.frequencies),
+                        "its frequency can change", act)
+
+
+@login_required
+@require_POST
+@permission_required("pipelines.change_run", raise_exception=True)
+def run_dry_run(request: HttpRequest, pk: int) -> HttpResponse:
+    """The dry-run switch: the controller keeps deciding and showing, but does not act."""
+    from control import loop
+
+    run = get_object_or_404(Run, pk=pk)
+    on = request.POST.get("dry_run") == "on"
+    loop.set_dry_run(run, on, request.user)
+    messages.success(request, f"Run {run.pk}: dry run {'on' if on else 'off'}.")
     return redirect("run-detail", pk=run.pk)

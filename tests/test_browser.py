@@ -33,7 +33,7 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
     from pipelines.models import Run
 
     Policy.objects.create(name="browser-policy", latency_bound_ms=5000, power_budget_w=40,
-                          min_workers=1, initial_workers=1, max_workers=1)
+                          min_workers=1, initial_workers=1, max_workers=2)
     base = live_stack.base_url
     browser.get(base + "/runs/")
     assert "/login/" in browser.current_url
@@ -62,9 +62,31 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
     try:
         WebDriverWait(browser, 240, poll_frequency=1).until(
             lambda d: d.execute_script("return window.__streamwise.points") >= 3)
+        assert browser.find_element(By.ID, "run-status").text == "running"
+        # The placement panel: one worker holds every key group, verified per batch.
+        rows = browser.find_elements(By.CSS_SELECTOR, "#placement tbody tr[data-worker]")
+        assert len(rows) == 1 and "0, 1, 2, 3" in rows[0].text
+        assert browser.find_element(By.ID, "frequency-label").text != "—"
+        assert browser.find_element(By.ID, "power-label").text == "modelled"
+
+        # Scale to 2 workers from the page: groups migrate onto the new executor.
+        workers = browser.find_element(By.ID, "id_workers")
+        workers.clear()
+        workers.send_keys("2")
+        browser.find_element(By.ID, "set-workers").click()
+        WebDriverWait(browser, 240, poll_frequency=1,
+                      ignored_exceptions=(StaleElementReferenceException,
+                                          NoSuchElementException)).until(
+            lambda d: (d.execute_script("return window.__streamwise.placement") or {})
+            .get("workers") == 2)
+        WebDriverWait(browser, 60, poll_frequency=1,
+                      ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: any("verified" in r.text and "migration" in r.text
+                          for r in d.find_elements(By.CSS_SELECTOR, "#events tbody tr")))
+        assert len(browser.find_elements(By.CSS_SELECTOR,
+                                         "#placement tbody tr[data-worker]")) == 2
         shot = Path(live_stack.logs) / "browser-run.png"
         browser.save_screenshot(str(shot))
-        assert browser.find_element(By.ID, "run-status").text == "running"
         browser.find_element(By.ID, "stop-run").click()
         # The stop form POSTs and redirects back to this page: the status element is
         # replaced under the wait, so a lookup may hit the old (stale) or no element.

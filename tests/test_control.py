@@ -12,6 +12,8 @@ from control import forecasting as fc
 from control import sysmodel as sm
 from control.strategies import mpc
 
+pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
+
 
 def test_derived_metrics_by_hand() -> None:
     # Keys 0..2 with p = .5/.25/.25 and T = 2/4/8; key 0 on worker 0, keys 1-2 on 1.
@@ -95,7 +97,9 @@ def _random_problem(rng: random.Random) -> mpc.MpcProblem:
         ca2=rng.uniform(0.2, 2), cs2=rng.uniform(0.2, 2), feedback=rng.uniform(0.5, 2),
         qos=rng.choice(mpc.QOS_KINDS), resource=rng.choice(mpc.RESOURCE_KINDS),
         latency_bound_s=rng.uniform(5e-6, 5e-5), alpha=rng.choice([2.0, 200.0]),
-        beta=0.5, gamma=rng.choice([0.0, 0.4]))
+        beta=0.5, gamma=rng.choice([0.0, 0.4]),
+        latency_model=rng.choice(mpc.LATENCY_MODELS), batch_overhead_s=rng.uniform(1e-6, 2e-5),
+        power_budget_w=rng.choice([None, rng.uniform(1.0, 8.0)]))
 
 
 def test_bnb_dp_and_exhaustive_agree_on_random_instances() -> None:
@@ -137,6 +141,25 @@ def test_saturated_configurations_still_give_a_plan() -> None:
     assert json.loads(json.dumps(decision.as_dict()))["trajectory"][0]["latency_s"] is None
     with pytest.raises(ValueError, match="solver must be one of"):
         mpc.decide(problem, "annealing")
+
+
+def test_the_power_budget_is_hard_and_microbatch_latency_follows_the_model() -> None:
+    base = dict(worker_options=(1, 2, 3, 4), freq_options=(1.2, 2.0),
+                current=mpc.Config(2, 2.0), rate_forecast=(1500.0,), comp_time_s=1e-3,
+                f_measured=2.0, latency_model="microbatch", batch_overhead_s=0.5,
+                latency_bound_s=2.0, qos="latency", resource="node")
+    free = mpc.decide(mpc.MpcProblem(**base), "dp")
+    rho, _tp, latency, _p, _q = mpc.predict(mpc.MpcProblem(**base), mpc.Config(2, 2.0), 1500.0)
+    assert rho == pytest.approx(0.75)
+    assert latency == pytest.approx(sm.MicroBatchModel(0.5, 1e-3).latency_quantile(1500, 2, 0.95))
+    power = sm.PowerModel(sm.ASSUMED_VOLTAGES)
+    budget = power.power(2, 1.2) + 1e-9  # only (1|2 workers, 1.2 GHz) and (1, 2.0) fit
+    capped = mpc.decide(mpc.MpcProblem(**base, power_budget_w=budget), "dp")
+    assert power.power(capped.chosen.workers, capped.chosen.freq_ghz) <= budget
+    assert power.power(free.chosen.workers, free.chosen.freq_ghz) > budget
+    # Nothing fits: the least powerful configuration, never a bigger one.
+    none = mpc.decide(mpc.MpcProblem(**base, power_budget_w=0.01), "dp")
+    assert none.chosen == mpc.Config(1, 1.2)
 
 
 def test_vectorised_stage_costs_equal_the_scalar_model() -> None:

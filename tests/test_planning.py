@@ -16,6 +16,8 @@ from control.planning import fusion as fu
 from control.planning import migration as mig
 from control.planning import schedule as sch
 
+pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
+
 
 def _contiguous_instance(rng: random.Random, kind: str) -> mig.MigrationProblem:
     g = rng.randint(2, 9)

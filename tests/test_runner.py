@@ -7,6 +7,8 @@ from pipelines.runtime import bus as busmod
 from pipelines.runtime.definition import DEMO_DEFINITION
 from pipelines.runtime.runner import Runner, RunnerConfig
 
+pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
+
 
 def _runner(tmp_path, t0=None) -> Runner:
     cfg = RunnerConfig(run_id=1, bus_key="1.test", redis_url="redis://127.0.0.1:6379/14",

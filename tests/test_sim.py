@@ -14,6 +14,8 @@ from control import sysmodel as sm
 from control.sim import engine as en
 from control.strategies.mpc import Config
 
+pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
+
 
 def _hold(m: en.Measurement, current: Config) -> tuple[Config, None]:
     return current, None

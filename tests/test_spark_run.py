@@ -39,8 +39,24 @@ def test_run_metrics_reach_the_db_and_workers_change(live_stack, operator) -> No
         ack = run.events.get(kind__in=outcomes)
         assert ack.kind == "reconfigured", ack.message
         assert ack.payload["workers"] == 2 and Run.objects.get(pk=run.pk).workers == 2
+        # Key groups moved onto the new executor before the command was acknowledged,
+        # each step verified from the executor that ran it.
+        migration = ack.payload["migration"]
+        assert migration["verified"] and migration["groups_moved"] >= 1
+        # The runner's own event comes through the relay, independently of the ack.
+        wait_for(lambda: run.events.filter(kind="runner:migration_done").exists(), 30,
+                 "the relayed runner:migration_done event")
         wait_for(lambda: MetricSample.objects.filter(run=run, workers=2).exists(), 90,
                  "a micro-batch measured with 2 workers")
+        two = MetricSample.objects.filter(run=run, workers=2).latest("batch_id")
+        assert len(set(two.groups["placement"])) == 2 and two.drift == 0
+
+        # A rebalance request goes through the same path and is audited.
+        actions.request_rebalance(run, "ding-table", "fluid", 0.5, operator)
+        wait_for(lambda: run.events.filter(kind__in=outcomes).count() >= 2, 170,
+                 "the runner's acknowledgement of rebalance")
+        second = run.events.filter(kind__in=outcomes).order_by("-id").first()
+        assert second.kind == "reconfigured", second.message
     finally:
         stop_and_wait(run.pk, operator)
     run.refresh_from_db()

@@ -96,7 +96,8 @@ def test_pipeline_form_shows_definition_errors_and_keeps_stored_version() -> Non
     ("latency_bound_ms", 0, "greater than or equal to 1"),
     ("power_budget_w", -5, "greater than or equal to 0.1"),
     ("control_step_s", 0.1, "greater than or equal to 0.5"),
-    ("max_workers", 65, "less than or equal to 64"),
+    ("max_workers", 9, "At most 8: the Spark cluster offers 8 cores"),
+    ("strategy_params", '{"horizon": 2}', "The manual strategy takes no parameters"),
     ("initial_workers", 5, "between min (1) and max (2)"),
     ("strategy", "oracle", "not one of the available choices"),
     ("strategy_params", "[1, 2]", "JSON object"),
@@ -112,6 +113,28 @@ def test_policy_form_rejects_out_of_range(field, value, message) -> None:
     form = PolicyForm(data)
     assert not form.is_valid()
     assert message in " ".join(form.errors[field])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("strategy, params, message", [
+    ("lat-power", '{"horizon": 6}', "horizon: must be <= 5, got 6"),
+    ("lat-node", '{"alpha": 0}', "alpha: must be > 0"),
+    ("lat-node", '{"gamma": -0.4}', "gamma: must be > 0"),
+    ("th-rule", '{"theta_max": 0.7, "theta_min": 0.8}', "theta_min: must be below theta_max"),
+    ("lat-rule", '{"horizon": 2}', "horizon: unknown for lat-rule"),
+])
+def test_policy_form_checks_strategy_parameters_with_the_loop(strategy, params,
+                                                              message) -> None:
+    from control.forms import PolicyForm
+
+    data = {"name": "p", "latency_bound_ms": 2000, "throughput_floor_rps": 0,
+            "power_budget_w": 30, "control_step_s": 2, "min_workers": 1,
+            "initial_workers": 1, "max_workers": 2, "strategy": strategy,
+            "strategy_params": params, "violation_steps": 3}
+    form = PolicyForm(data)
+    assert not form.is_valid()
+    assert message in " ".join(form.errors["strategy_params"])
+    assert PolicyForm({**data, "strategy_params": "{}"}).is_valid()
 
 
 @pytest.fixture

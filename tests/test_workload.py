@@ -10,6 +10,8 @@ import pytest
 from pipelines.runtime import workload as wl
 from pipelines.runtime.definition import data_root
 
+pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
+
 
 def brute_emission_time(rates: list[float], i: int, tail: str) -> float:
     """Walk second by second until the cumulative count passes i."""

@@ -19,6 +19,8 @@ def headless_chromium() -> Any:
     options.binary_location = CHROMIUM
     for flag in FLAGS:
         options.add_argument(flag)
+    # Keep the page's console: a test that fails can show the page's own errors.
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 

@@ -11,6 +11,7 @@ from pipelines.models import Run
 
 SNAPSHOT_SAMPLES = 300
 SNAPSHOT_EVENTS = 100
+SNAPSHOT_DECISIONS = 100
 
 
 @database_sync_to_async
@@ -20,9 +21,11 @@ def _snapshot(run_id: int) -> dict[str, Any] | None:
         return None
     samples = list(run.samples.order_by("-batch_id")[:SNAPSHOT_SAMPLES])[::-1]
     events = list(run.events.order_by("-at", "-id")[:SNAPSHOT_EVENTS])[::-1]
+    decisions = list(run.decisions.order_by("-step")[:SNAPSHOT_DECISIONS])[::-1]
     return {"kind": "snapshot", "run": actions.run_state(run),
             "samples": [actions.sample_to_wire(s) for s in samples],
-            "events": [e.as_dict() for e in events]}
+            "events": [e.as_dict() for e in events],
+            "decisions": [d.as_dict() for d in decisions]}
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
@@ -50,6 +53,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def run_event(self, message: dict[str, Any]) -> None:
         await self.send_json({"kind": "event", "event": message["event"]})
+
+    async def run_decision(self, message: dict[str, Any]) -> None:
+        await self.send_json({"kind": "decision", "decision": message["decision"]})
 
     async def run_status(self, message: dict[str, Any]) -> None:
         await self.send_json({"kind": "status", "run": message["run"]})

@@ -104,7 +104,13 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reconcile-runs": {"task": "pipelines.tasks.reconcile_runs",
                        "schedule": float(os.environ.get("RECONCILE_EVERY_S", "3"))},
+    # The closed loop: every second, one tick for each run whose control step is due
+    # (control.loop); a tick not started within 2 s is dropped, the next one comes.
+    "control-tick": {"task": "control.tasks.control_tick_all", "schedule": 1.0,
+                     "options": {"expires": 2.0}},
 }
+# Cores the embedded Spark worker offers (1-core executors): a policy cannot ask for more.
+CLUSTER_CORES = int(os.environ.get("CLUSTER_CORES", "8"))
 
 SPARK_MASTER_URL = os.environ.get("SPARK_MASTER_URL", "embedded")
 SPARK_DIR = Path(os.environ.get("SPARK_DIR", VAR_DIR / "spark"))

@@ -17,4 +17,6 @@ STRATEGIES: dict[str, str] = {
     "spl": "SPL: congestion index with memory of failed actions",
     "peak-load": "Peak load: always the maximum workers and frequency",
     "ds2": "DS2 / Flink autoscaler: true processing rate, target utilisation",
+    "static-min": "Static: always the minimum workers (a baseline)",
+    "static-max": "Static: always the maximum workers (a baseline)",
 }

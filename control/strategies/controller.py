@@ -32,6 +32,9 @@ class MpcController:
     _next_rate: float | None = field(default=None, repr=False)
     rate_actual: list[float] = field(default_factory=list, repr=False)
     rate_predicted: list[float] = field(default_factory=list, repr=False)
+    feedback: float = 1.0  # the Eq. 6.10 factor used by the last step
+    # Optional (low, high) clamp of the factor; None keeps Eq. 6.10 as the thesis has it.
+    feedback_limits: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in mpc.THESIS_STRATEGIES:
@@ -44,11 +47,16 @@ class MpcController:
             self.rate_actual.append(rate)
             self.rate_predicted.append(self._next_rate)
         self.forecaster.observe(rate)
+        microbatch = self.params.get("latency_model") == "microbatch"
         if measured_latency_s is not None and self._last_prediction is not None:
-            # Eq. 6.10 works on waiting times: latency minus computation time.
-            self._measured_wq.append(max(measured_latency_s - comp_time_s, 0.0))
+            # Eq. 6.10 works on waiting times: latency minus computation time (in a
+            # micro-batch engine every record waits for its batch: the whole latency).
+            self._measured_wq.append(measured_latency_s if microbatch
+                                     else max(measured_latency_s - comp_time_s, 0.0))
             self._predicted_wq.append(self._last_prediction)
         feedback = sm.feedback_factor(list(self._measured_wq), list(self._predicted_wq))
+        if self.feedback_limits is not None:
+            feedback = min(max(feedback, self.feedback_limits[0]), self.feedback_limits[1])
         settings = {**mpc.THESIS_STRATEGIES[self.strategy], **self.params}
         problem = mpc.MpcProblem(
             worker_options=self.worker_options,
@@ -65,7 +73,8 @@ class MpcController:
         unscaled = replace(problem, feedback=1.0)
         t = sm.scaled_computation_time(comp_time_s, current.freq_ghz, first.freq_ghz)
         latency = mpc.predict(unscaled, decision.chosen, first.rate)[2]
-        self._last_prediction = latency - t
+        self._last_prediction = latency if microbatch else latency - t
+        self.feedback = feedback
         return decision
 
     @property

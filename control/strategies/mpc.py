@@ -9,9 +9,20 @@ J = sum_{i=0..h-1} L(i),  L(i) = Q(q~(tau+i)) + R(u(tau+i)) + S(u(tau+i) - u(tau
 * S: ``gamma * ||Delta u||^2`` (Eq. 6.17) with f in integer steps of ``f_step`` GHz, so
   one frequency step weighs like one worker (the artifact's (f - f_min) * 10).
 
+Latency model (``latency_model``): ``kingman`` — Eq. 6.8/6.9, R_Q = T + e·W_Q (the
+thesis' record-at-a-time operator); ``microbatch`` — the control library's
+``sysmodel.MicroBatchModel`` for a micro-batch engine (Spark): the q-quantile latency
+(1+q)·o/(1-rho)·e with o the batch overhead, rho = lambda·T/n and e the feedback factor
+(Eq. 6.10 applied to the whole latency: a micro-batch's records all wait).
+
+Power budget (``power_budget_w``): a hard constraint. A configuration whose modelled power
+exceeds it costs ``OVER_BUDGET`` · (1 + relative excess) in R, above any QoS cost (even
+saturation), so it is chosen only when every configuration is over budget — and then the
+one least over it.
+
 Configurations with rho >= 1 have no finite Kingman latency; the thesis does not say how
-to cost them. Here they cost ``INFEASIBLE`` plus rho (so a less overloaded one still
-ranks first) — finite, so every solver always returns a plan, and an operator sees a
+to cost them. Here they cost ``INFEASIBLE`` times rho (so a less overloaded one ranks
+first by a margin no resource cost can outweigh) — finite, so every solver always returns a plan, and an operator sees a
 saturated prediction instead of no decision.
 
 Three exact solvers return the same optimum:
@@ -36,7 +47,9 @@ import numpy as np
 from control import sysmodel as sm
 
 INFEASIBLE = 1e9
+OVER_BUDGET = 1e15
 QOS_KINDS = ("throughput", "latency", "throughput_exp")
+LATENCY_MODELS = ("kingman", "microbatch")
 RESOURCE_KINDS = ("node", "power")
 
 
@@ -69,6 +82,10 @@ class MpcProblem:
     time_unit_s: float = 1e-6  # Eq. 6.13's T_S is costed in this unit
     utilisation_margin: float = 1.0  # the artifact uses 0.95: rho = T_S^id/(0.95 T_A)
     power: sm.PowerModel = field(default_factory=lambda: sm.PowerModel(sm.ASSUMED_VOLTAGES))
+    latency_model: str = "kingman"
+    batch_overhead_s: float = 0.0  # microbatch: o, the fixed cost of one batch
+    latency_quantile: float = 0.95  # microbatch: which latency quantile is predicted
+    power_budget_w: float | None = None  # hard constraint (see the module docstring)
 
     @property
     def horizon(self) -> int:
@@ -92,6 +109,8 @@ class MpcProblem:
         if self.qos not in QOS_KINDS or self.resource not in RESOURCE_KINDS:
             raise ValueError(f"qos must be one of {QOS_KINDS}, resource one of "
                              f"{RESOURCE_KINDS}")
+        if self.latency_model not in LATENCY_MODELS:
+            raise ValueError(f"latency_model must be one of {LATENCY_MODELS}")
         if not self.rate_forecast or any(r < 0 for r in self.rate_forecast):
             raise ValueError("rate_forecast needs h >= 1 non-negative rates")
         if not self.worker_options or min(self.worker_options) < 1:
@@ -155,6 +174,9 @@ def predict(problem: MpcProblem, u: Config, rate: float) -> tuple[float, float, 
     throughput = 0.0 if math.isinf(t_s) else 1.0 / t_s
     if rho >= sm.SATURATED:
         latency = math.inf
+    elif problem.latency_model == "microbatch":
+        latency = problem.feedback * (1.0 + problem.latency_quantile) \
+            * problem.batch_overhead_s / (1.0 - rho)
     elif math.isinf(t_a):
         latency = t
     else:
@@ -162,7 +184,7 @@ def predict(problem: MpcProblem, u: Config, rate: float) -> tuple[float, float, 
             t_s_ideal, problem.utilisation_margin * t_a, problem.ca2, problem.cs2)
     power = problem.power.power(u.workers, u.freq_ghz)
     if rho >= sm.SATURATED:
-        qos = INFEASIBLE + rho
+        qos = INFEASIBLE * rho
     elif problem.qos == "throughput":
         qos = problem.alpha * (t_s if math.isfinite(t_s) else t_s_ideal) / problem.time_unit_s
     elif problem.qos == "throughput_exp":
@@ -173,9 +195,13 @@ def predict(problem: MpcProblem, u: Config, rate: float) -> tuple[float, float, 
 
 
 def resource_cost(problem: MpcProblem, u: Config) -> float:
+    power = problem.power.power(u.workers, u.freq_ghz)
+    budget = problem.power_budget_w
+    if budget is not None and power > budget:
+        return OVER_BUDGET * (1.0 + (power - budget) / budget)
     if problem.resource == "node":
         return problem.beta * u.workers  # Eq. 6.15
-    return problem.beta * problem.power.power(u.workers, u.freq_ghz)  # Eq. 6.16
+    return problem.beta * power  # Eq. 6.16
 
 
 def switching_cost(problem: MpcProblem, prev: Config, u: Config) -> float:
@@ -207,6 +233,10 @@ def stage_costs(problem: MpcProblem) -> np.ndarray:
     pm = problem.power
     power = pm.static_w + pm.c_eff * (n + pm.extra_cores) * f * v * v
     resource = problem.beta * (n if problem.resource == "node" else power)
+    if problem.power_budget_w is not None:
+        budget = problem.power_budget_w
+        resource = np.where(power > budget, OVER_BUDGET * (1.0 + (power - budget) / budget),
+                            resource)
     t = problem.comp_time_s * problem.f_measured / f  # T(f)
     t_s_ideal = t / n  # Eq. 6.7
     rates = np.asarray(problem.rate_forecast, dtype=float)[:, None]
@@ -219,10 +249,14 @@ def stage_costs(problem: MpcProblem) -> np.ndarray:
         elif problem.qos == "throughput_exp":
             qos = problem.alpha * np.exp(rho)
         else:
-            wq = rho / (1.0 - rho) * (problem.ca2 + problem.cs2) / 2.0 * t_s_ideal
-            latency = t + problem.feedback * np.where(np.isinf(t_a), 0.0, wq)
+            if problem.latency_model == "microbatch":
+                latency = problem.feedback * (1.0 + problem.latency_quantile) \
+                    * problem.batch_overhead_s / (1.0 - rho)
+            else:
+                wq = rho / (1.0 - rho) * (problem.ca2 + problem.cs2) / 2.0 * t_s_ideal
+                latency = t + problem.feedback * np.where(np.isinf(t_a), 0.0, wq)
             qos = problem.alpha * np.exp(np.minimum(latency / problem.latency_bound_s, 700.0))
-        qos = np.where(rho >= sm.SATURATED, INFEASIBLE + rho, qos)
+        qos = np.where(rho >= sm.SATURATED, INFEASIBLE * rho, qos)
     return qos + resource[None, :]
 
 

@@ -37,6 +37,8 @@ KEY_KINDS = ("uniform", "zipf", "file")
 FILTER_OPS = ("<", "<=", ">", ">=", "==", "!=")
 MAP_FNS = ("scale", "add", "abs", "square", "round")
 AGGREGATES = ("count", "sum", "max", "mean")
+STATEFUL_TYPES = ("keyed_aggregate", "hft_window")
+STATE_STORES = ("rocksdb", "hdfs")
 FIELDS = ("key", "value")
 MAX_RATE = 50_000_000.0
 MAX_KEYS = 10_000_000
@@ -73,6 +75,9 @@ class OperatorSpec:
     arg: float = 0.0
     key: str = "key"
     agg: str = "count"
+    window: int = 0  # hft_window: |W| quotes per symbol
+    slide: int = 0  # hft_window: δ
+    degree: int = 0  # hft_window: polynomial degree
 
 
 @dataclass(frozen=True)
@@ -86,11 +91,18 @@ class PipelineSpec:
     key_groups: int
     trigger_ms: int
     max_records_per_batch: int
+    state_store: str = "rocksdb"
+    keep_output: bool = False
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
     def stateful(self) -> OperatorSpec:
-        return next(o for o in self.operators if o.type == "keyed_aggregate")
+        return next(o for o in self.operators if o.type in STATEFUL_TYPES)
+
+    @property
+    def output_mode(self) -> str:
+        """Spark output mode: a keyed aggregate updates rows, fired windows append."""
+        return "append" if self.stateful.type == "hft_window" else "update"
 
     def schedule(self) -> wl.RateSchedule:
         return build_schedule(self.rate, self.seed)
@@ -115,13 +127,14 @@ def _allowed(doc: dict[str, Any], path: str, allowed: set[str]) -> None:
 
 def _choice(doc: dict[str, Any], key: str, path: str, choices: tuple[str, ...],
             default: str | None = None) -> str:
+    where = f"{path}.{key}" if path else key
     if key not in doc:
         if default is not None:
             return default
-        raise DefinitionError(f"{path}.{key}", f"is required (one of: {', '.join(choices)})")
+        raise DefinitionError(where, f"is required (one of: {', '.join(choices)})")
     val = doc[key]
     if val not in choices:
-        raise DefinitionError(f"{path}.{key}",
+        raise DefinitionError(where,
                               f"{json.dumps(val)} is not one of: {', '.join(choices)}")
     return str(val)
 
@@ -268,7 +281,7 @@ def _validate_keys(keys: dict[str, Any], path: str) -> dict[str, Any]:
 
 def _validate_operator(op: Any, path: str) -> OperatorSpec:
     op = _obj(op, path)
-    kind = _choice(op, "type", path, ("filter", "map", "keyed_aggregate"))
+    kind = _choice(op, "type", path, ("filter", "map") + STATEFUL_TYPES)
     if kind == "filter":
         _allowed(op, path, {"type", "field", "op", "value"})
         return OperatorSpec(type=kind, field=_choice(op, "field", path, FIELDS),
@@ -282,6 +295,15 @@ def _validate_operator(op: Any, path: str) -> OperatorSpec:
         if fn == "round" and not (0 <= arg <= 12 and int(arg) == arg):
             raise DefinitionError(f"{path}.arg", "round takes a whole number of digits 0..12")
         return OperatorSpec(type=kind, field=field_, fn=fn, arg=arg)
+    if kind == "hft_window":
+        _allowed(op, path, {"type", "key", "field", "window", "slide", "degree"})
+        window = int(_number(op, "window", path, lo=2, hi=100_000, integer=True, default=1000))
+        slide = int(_number(op, "slide", path, lo=1, hi=window, integer=True, default=25))
+        return OperatorSpec(type=kind, key=_choice(op, "key", path, ("key",), default="key"),
+                            field=_choice(op, "field", path, ("value",), default="value"),
+                            window=window, slide=slide,
+                            degree=int(_number(op, "degree", path, lo=0, hi=5, integer=True,
+                                               default=2)))
     _allowed(op, path, {"type", "key", "agg", "field"})
     return OperatorSpec(type=kind, key=_choice(op, "key", path, ("key",), default="key"),
                         agg=_choice(op, "agg", path, AGGREGATES, default="count"),
@@ -292,7 +314,7 @@ def validate(doc: Any) -> PipelineSpec:
     """Validate a parsed definition; raise :class:`DefinitionError` on the first problem."""
     doc = _obj(doc, "")
     _allowed(doc, "", {"source", "operators", "sink", "key_groups", "trigger_ms",
-                       "max_records_per_batch"})
+                       "max_records_per_batch", "state_store"})
     if "source" not in doc:
         raise DefinitionError("source", "is required")
     src = _obj(doc["source"], "source")
@@ -310,17 +332,25 @@ def validate(doc: Any) -> PipelineSpec:
     if not isinstance(ops_doc, list) or not ops_doc:
         raise DefinitionError("operators", "must be a non-empty list")
     ops = tuple(_validate_operator(op, f"operators[{i}]") for i, op in enumerate(ops_doc))
-    stateful = [i for i, o in enumerate(ops) if o.type == "keyed_aggregate"]
+    stateful = [i for i, o in enumerate(ops) if o.type in STATEFUL_TYPES]
     if len(stateful) != 1:
-        raise DefinitionError("operators", "needs exactly one keyed_aggregate (the keyed "
-                              f"stateful operator); found {len(stateful)}")
+        raise DefinitionError("operators", "needs exactly one keyed_aggregate or hft_window "
+                              f"(the keyed stateful operator); found {len(stateful)}")
     if stateful[0] != len(ops) - 1:
         raise DefinitionError(f"operators[{stateful[0]}]",
-                              "keyed_aggregate must be the last operator before the sink")
+                              f"{ops[stateful[0]].type} must be the last operator before "
+                              "the sink")
 
     sink = _obj(doc.get("sink", {"type": "latency"}), "sink")
-    _allowed(sink, "sink", {"type"})
+    _allowed(sink, "sink", {"type", "keep_output"})
     _choice(sink, "type", "sink", ("latency",), default="latency")
+    keep_output = sink.get("keep_output", False)
+    if not isinstance(keep_output, bool):
+        raise DefinitionError("sink.keep_output", "must be true or false")
+    state_store = _choice(doc, "state_store", "", STATE_STORES, default="rocksdb")
+    if ops[stateful[0]].type == "hft_window" and state_store != "rocksdb":
+        raise DefinitionError("state_store", "hft_window (transformWithStateInPandas) needs "
+                              "the rocksdb state store")
 
     key_groups = _number(doc, "key_groups", "", lo=1, hi=MAX_KEY_GROUPS, integer=True,
                          default=8)
@@ -329,12 +359,14 @@ def validate(doc: Any) -> PipelineSpec:
                        default=2_000_000)
     clean = {"source": {"type": "generator", "seed": seed, "partitions": partitions,
                         "rate": rate, "keys": keys},
-             "operators": ops_doc, "sink": {"type": "latency"}, "key_groups": key_groups,
-             "trigger_ms": trigger_ms, "max_records_per_batch": max_rows}
+             "operators": ops_doc, "sink": {"type": "latency", "keep_output": keep_output},
+             "key_groups": key_groups, "trigger_ms": trigger_ms,
+             "max_records_per_batch": max_rows, "state_store": state_store}
     return PipelineSpec(seed=int(seed), partitions=int(partitions), rate=rate, keys=keys,
-                        operators=ops, sink={"type": "latency"}, key_groups=int(key_groups),
-                        trigger_ms=int(trigger_ms), max_records_per_batch=int(max_rows),
-                        raw=clean)
+                        operators=ops, sink={"type": "latency", "keep_output": keep_output},
+                        key_groups=int(key_groups), trigger_ms=int(trigger_ms),
+                        max_records_per_batch=int(max_rows), state_store=state_store,
+                        keep_output=keep_output, raw=clean)
 
 
 def parse(text: str) -> PipelineSpec:
@@ -359,4 +391,17 @@ DEMO_DEFINITION: dict[str, Any] = {
     "sink": {"type": "latency"},
     "key_groups": 8,
     "trigger_ms": 0,
+}
+
+# The thesis' HFT kernel (§7.1) on the artifact's symbols and its random-walk rate trace,
+# scaled 1:100 (135K-458K tuples/s -> 1.35K-4.6K/s) for a 2-core machine.
+HFT_DEFINITION: dict[str, Any] = {
+    "source": {"type": "generator", "seed": 11, "partitions": 2,
+               "rate": {"kind": "trace", "file": "elastic-hft/random_walk_rates",
+                        "scale": 0.01},
+               "keys": {"kind": "file", "file": "elastic-hft/probability_distribution"}},
+    "operators": [{"type": "hft_window", "window": 1000, "slide": 25, "degree": 2}],
+    "sink": {"type": "latency"},
+    "key_groups": 8,
+    "state_store": "rocksdb",
 }

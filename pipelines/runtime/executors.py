@@ -8,10 +8,11 @@ Facts this relies on (DESIGN.md appendix, pyspark 4.3, standalone cluster):
 * Graceful scale-down is ``schedulerBackend.decommissionExecutor(id, info, true, false)``
   with the decommission settings the runner enables; the executor exits in ~6 s.
 
-The foundation releases the newest executors first. Moving key groups off an executor
-before it is decommissioned (so no state is lost to a reload) is the elastic runtime's
-job (issue 6); until then the next micro-batch reloads the moved state partitions
-from the checkpoint, which is correct but slower.
+``start_scaling``/``scale_to`` release the newest executors; they are used before the
+query starts, when no executor holds state. Once a query runs, the runner first
+migrates an executor's key groups away and then decommissions exactly that executor
+(``runner.Runner._cmd_set_workers``); ``kill`` is Spark's blunt default, kept as the
+benchmarks' baseline.
 """
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ class ExecutorControl:
         info = info_cls.apply(reason, self.jvm.scala.Option.apply(None))
         backend = self.jsc.schedulerBackend()
         return bool(backend.decommissionExecutor(executor_id, info, True, False))
+
+    def kill(self, executor_ids: list[str]) -> bool:
+        """Kill executors at once (running tasks fail, their state reloads elsewhere);
+        the target total drops with them so the cluster does not replace them."""
+        return bool(self.jsc.killExecutors(self.jvm.PythonUtils.toSeq(executor_ids)))
 
     def wait_for(self, n: int, timeout_s: float, exact: bool = False) -> list[str]:
         """Wait until at least ``n`` (or exactly ``n``) executors are registered."""

@@ -18,6 +18,7 @@ import glob
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Assumed model constants (modelled, not measured): a per-core dynamic power of
 # ~10 W at the nominal 2.4 GHz / 1.1 V point, and 0 W static (the thesis ignores it).
@@ -35,6 +36,15 @@ def voltage_for(f_ghz: float) -> float:
 def modelled_power(workers: int, f_ghz: float, static_w: float = 0.0) -> float:
     """Thesis Eq. 6.11: P = C_eff * n * f * V(f)^2 (+ static part)."""
     return static_w + C_EFF * workers * f_ghz * voltage_for(f_ghz) ** 2
+
+
+def power_model() -> Any:
+    """The same Eq. 6.11 model as ``modelled_power``, as the control library's
+    ``sysmodel.PowerModel``: what the controller predicts is what the chart shows.
+    ``voltage_for`` is linear from 0.7 V at 0.8 GHz upwards, flat below."""
+    from control.sysmodel import PowerModel
+
+    return PowerModel({0.8: 0.7, 8.0: voltage_for(8.0)}, c_eff=C_EFF)
 
 
 def read_frequency_ghz() -> tuple[float, str]:
@@ -59,24 +69,42 @@ class PowerReading:
     source: str  # "measured" or "modelled"
 
 
-class PowerMeter:
-    def __init__(self) -> None:
-        self.rapl = [Path(p) for p in glob.glob("/sys/class/powercap/intel-rapl:[0-9]*/energy_uj")]
-        self._last: tuple[float, int] | None = None
-        if self.rapl:
-            try:
-                self._last = (time.monotonic(), self._energy_uj())
-            except OSError:  # counters present but unreadable (not root)
-                self.rapl = []
+POWERCAP_ROOT = Path("/sys/class/powercap")
 
-    def _energy_uj(self) -> int:
-        return sum(int(p.read_text()) for p in self.rapl)
+
+class PowerMeter:
+    """RAPL package power (``intel-rapl:N/energy_uj`` deltas) where readable, labelled
+    ``measured``; else the Eq. 6.11 model, labelled ``modelled``. ``root`` points at a
+    fake powercap tree in tests. Counters wrap at ``max_energy_range_uj``."""
+
+    def __init__(self, root: Path = POWERCAP_ROOT) -> None:
+        self.zones = sorted(p for p in Path(root).glob("intel-rapl:[0-9]*")
+                            if (p / "energy_uj").exists())
+        self._ranges = {}
+        self._last: tuple[float, list[int]] | None = None
+        if self.zones:
+            try:
+                for z in self.zones:
+                    rng = z / "max_energy_range_uj"
+                    self._ranges[z] = int(rng.read_text()) if rng.exists() else 2**63
+                self._last = (time.monotonic(), self._energy_uj())
+            except (OSError, ValueError):  # counters present but unreadable (not root)
+                self.zones = []
+
+    @property
+    def source(self) -> str:
+        return "measured" if self.zones else "modelled"
+
+    def _energy_uj(self) -> list[int]:
+        return [int((z / "energy_uj").read_text()) for z in self.zones]
 
     def read(self, workers: int, f_ghz: float) -> PowerReading:
-        if self.rapl and self._last is not None:
+        if self.zones and self._last is not None:
             now, energy = time.monotonic(), self._energy_uj()
             t0, e0 = self._last
             self._last = (now, energy)
-            if now > t0 and energy >= e0:
-                return PowerReading((energy - e0) / 1e6 / (now - t0), "measured")
+            if now > t0:
+                joules = sum((e - b) if e >= b else (e + self._ranges[z] - b)
+                             for z, e, b in zip(self.zones, energy, e0, strict=True)) / 1e6
+                return PowerReading(joules / (now - t0), "measured")
         return PowerReading(modelled_power(workers, f_ghz), "modelled")

@@ -24,10 +24,12 @@ state-store placement of the elastic runtime acts on.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -61,7 +63,7 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float) 
     spark.dataSource.register(GeneratorDataSource)
     df = spark.readStream.format(SOURCE_NAME).options(**source_options(spec, t0)).load()
     for op in spec.operators:
-        if op.type != "keyed_aggregate":
+        if op.type not in definition.STATEFUL_TYPES:
             df = _apply_stateless(df, op)
     df = df.observe(
         OBSERVATION,
@@ -70,6 +72,12 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float) 
         F.percentile_approx("emit_ts", [0.01, 0.05, 0.5], PERCENTILE_ACCURACY).alias("q"),
     )
     stateful = spec.stateful
+    if stateful.type == "hft_window":
+        from pipelines.runtime import hft
+
+        return df.groupBy(stateful.key).transformWithStateInPandas(
+            hft.make_processor(stateful.window, stateful.slide, stateful.degree),
+            hft.OUTPUT_DDL, "Append", "None")
     value = F.col(stateful.field)
     agg = {"count": F.count(F.lit(1)), "sum": F.sum(value), "max": F.max(value),
            "mean": F.avg(value)}[stateful.agg]
@@ -98,21 +106,53 @@ def latency_quantiles(observed: dict[str, Any], committed_at: float) -> dict[str
             "max": (committed_at - observed["first_emit"]) * 1000.0}
 
 
+def output_path(output_dir: Path | str, batch_id: int) -> Path:
+    return Path(output_dir) / f"batch-{batch_id:09d}.parquet"
+
+
 class LatencySink:
     """``foreachBatch`` function: writes the batch and stamps its commit time.
 
     ``batch_lock`` is held while a batch is being written, so commands that must run
-    *between* micro-batches (DESIGN.md §2) take the lock first.
+    *between* micro-batches (DESIGN.md §2) take the lock first. ``between_batches`` (if
+    given) runs after the write, still inside ``foreachBatch``: the stream cannot start
+    the next batch until it returns, which is where the elastic runtime applies
+    placement steps and decommissions.
+
+    With ``output_dir`` the batch's rows are kept as one Parquet file per batch id,
+    written atomically and overwritten by a retried batch (idempotent, so exactly-once
+    holds for the verifier); otherwise they are only counted. Either way one Spark job
+    computes the batch (a second action would re-run the stateful operator).
     """
 
-    def __init__(self, on_commit: Callable[[BatchCommit], None]) -> None:
+    def __init__(self, on_commit: Callable[[BatchCommit], None],
+                 output_dir: Path | str | None = None,
+                 between_batches: Callable[[int], None] | None = None) -> None:
         self.on_commit = on_commit
+        self.output_dir = Path(output_dir) if output_dir else None
+        self.between_batches = between_batches
         self.batch_lock = threading.Lock()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.batch_lock:
             started = time.time()
-            rows = batch_df.count()
+            if self.output_dir is None:
+                rows = batch_df.count()
+            else:
+                rows = self._keep(batch_df.toArrow(), batch_id)
             committed = time.time()
+            if self.between_batches is not None:
+                self.between_batches(batch_id)
         self.on_commit(BatchCommit(batch_id=batch_id, output_rows=int(rows),
                                    started_at=started, committed_at=committed))
+
+    def _keep(self, table: Any, batch_id: int) -> int:
+        import pyarrow.parquet as pq
+
+        assert self.output_dir is not None
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        final = output_path(self.output_dir, batch_id)
+        tmp = final.with_suffix(".tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, final)
+        return table.num_rows

@@ -11,7 +11,39 @@
   const powerBudget = JSON.parse(document.getElementById("power-budget").textContent);
 
   // Exposed for the browser test and the push-latency benchmark.
-  const probe = { points: 0, lastBatch: -1, arrivals: [], status: null, socketOpen: false };
+  const probe = { points: 0, lastBatch: -1, arrivals: [], status: null, socketOpen: false,
+                  placement: null, migration: null, decisions: 0, markers: 0, alerts: 0 };
+  const MAX_DECISIONS = 100;
+  // Reconfiguration instants (epoch s), drawn as vertical lines on every time chart.
+  const markerTimes = [];
+  const markersPlugin = {
+    id: "reconfigurations",
+    afterDatasetsDraw(chart) {
+      const x = chart.scales.x;
+      if (!x) return;
+      const { ctx, chartArea } = chart;
+      ctx.save();
+      ctx.strokeStyle = "rgba(124, 58, 237, 0.55)";
+      ctx.setLineDash([4, 3]);
+      for (const t of markerTimes) {
+        if (t < x.min || t > x.max) continue;
+        const px = x.getPixelForValue(t);
+        ctx.beginPath();
+        ctx.moveTo(px, chartArea.top);
+        ctx.lineTo(px, chartArea.bottom);
+        ctx.stroke();
+      }
+      ctx.restore();
+    },
+  };
+  const PALETTE = ["#2563eb", "#d97706", "#059669", "#db2777", "#7c3aed", "#0891b2",
+                   "#65a30d", "#dc2626", "#4b5563", "#ca8a04"];
+  const FREQUENCY_LABELS = {
+    cpufreq: ["DVFS (cpufreq)", "badge measured"],
+    emulated: ["emulated (duty cycle)", "badge emulated"],
+    cpuinfo: ["read only (/proc/cpuinfo)", "badge"],
+    nominal: ["nominal (assumed)", "badge"],
+  };
   window.__streamwise = probe;
 
   const timeTick = (v) => new Date(v * 1000).toLocaleTimeString();
@@ -27,6 +59,7 @@
                                  y: { beginAtZero: true } }, extraScales || {}),
         plugins: { legend: { labels: { boxWidth: 12 } } },
       },
+      plugins: [markersPlugin],
     });
   }
   const charts = {
@@ -50,6 +83,11 @@
     power: lineChart("chart-power", [
       { label: "power", borderColor: "#ea580c" },
       { label: "budget", borderColor: "#dc2626", borderDash: [6, 4] },
+    ]),
+    model: lineChart("chart-model", [
+      { label: "measured p95", borderColor: "#2563eb" },
+      { label: "predicted a step before", borderColor: "#db2777", borderDash: [5, 3] },
+      { label: "p95 bound", borderColor: "#dc2626", borderDash: [6, 4] },
     ]),
   };
 
@@ -93,8 +131,158 @@
       const label = document.getElementById("power-label");
       label.textContent = s.power_measured ? "measured" : "modelled";
       label.className = "badge" + (s.power_measured ? " measured" : "");
+      if (s.frequency_source) setFrequencyLabel(s.frequency_source, s.frequency_ghz);
+      if (s.groups) renderPlacement(s);
+      renderMigration(s.migration);
     }
     scheduleRedraw();
+  }
+
+  function setFrequencyLabel(source, ghz) {
+    const [text, cls] = FREQUENCY_LABELS[source] || [source, "badge"];
+    for (const id of ["frequency-label", "frequency-chart-label"]) {
+      const el = document.getElementById(id);
+      el.textContent = text;
+      el.className = cls;
+    }
+    if (ghz !== null && ghz !== undefined) {
+      document.getElementById("run-frequency").textContent = Number(ghz).toFixed(2);
+    }
+  }
+
+  function cell(tr, text) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    tr.appendChild(td);
+  }
+
+  // The placement of the latest batch: groups per worker, the bytes a move of them
+  // reloads, their share of the measured task time, and groups that ran elsewhere.
+  function renderPlacement(s) {
+    const g = s.groups;
+    const placement = g.placement || [];
+    const ranOn = g.ran_on || [];
+    const workers = [...new Set(placement.filter((e) => e !== null))]
+      .sort((a, b) => a.length - b.length || (a < b ? -1 : 1));
+    const colour = {};
+    workers.forEach((w, i) => { colour[w] = PALETTE[i % PALETTE.length]; });
+    const totalMs = (g.group_ms || []).reduce((a, b) => a + (b || 0), 0);
+    const strip = document.getElementById("group-strip");
+    strip.innerHTML = "";
+    placement.forEach((w, i) => {
+      const span = document.createElement("span");
+      span.textContent = "g" + i;
+      span.style.background = colour[w] || "#9ca3af";
+      const drift = ranOn[i] !== null && ranOn[i] !== undefined && ranOn[i] !== w;
+      if (drift) span.className = "drift";
+      span.title = `group ${i} on worker ${w}` + (drift ? `, ran on ${ranOn[i]}` : "");
+      strip.appendChild(span);
+    });
+    const tbody = document.querySelector("#placement tbody");
+    tbody.innerHTML = "";
+    for (const w of workers) {
+      const mine = placement.map((e, i) => (e === w ? i : -1)).filter((i) => i >= 0);
+      const bytes = mine.reduce((a, i) => a + ((g.group_bytes || [])[i] || 0), 0);
+      const ms = mine.reduce((a, i) => a + ((g.group_ms || [])[i] || 0), 0);
+      const tr = document.createElement("tr");
+      tr.dataset.worker = w;
+      const swatch = `\u25A0 executor ${w}`;
+      cell(tr, swatch);
+      tr.firstChild.style.color = colour[w];
+      cell(tr, mine.join(", "));
+      cell(tr, (bytes / 1e6).toFixed(2) + " MB");
+      cell(tr, totalMs ? Math.round((100 * ms) / totalMs) + " %" : "—");
+      tbody.appendChild(tr);
+    }
+    const health = document.getElementById("placement-health");
+    health.textContent = `batch ${s.batch_id}: ${s.drift || 0} groups off placement, ` +
+      `${s.group_moves || 0} moved since the previous batch, ${s.failed_tasks || 0} failed tasks`;
+    probe.placement = { batch: s.batch_id, workers: workers.length, placement: placement };
+  }
+
+  function renderMigration(m) {
+    const el = document.getElementById("migration-state");
+    probe.migration = m || null;
+    if (!m) {
+      el.textContent = "no migration in progress";
+      el.className = "muted";
+      return;
+    }
+    el.textContent = `migration ${m.id} in progress (${m.reason}): ${m.strategy}, ` +
+      `step ${m.applied} of ${m.steps} applied`;
+    el.className = "flash";
+  }
+
+  const seenDecisions = new Map();  // step -> row, so an outcome update replaces it
+  let previousPrediction = null;
+  function fmt(v, digits) {
+    return v === null || v === undefined ? "—" : Number(v).toFixed(digits);
+  }
+
+  function addDecision(d) {
+    const tbody = document.querySelector("#decisions tbody");
+    const known = seenDecisions.get(d.step);
+    const tr = document.createElement("tr");
+    tr.dataset.step = d.step;
+    const c = d.cost || {};
+    const cost = c.total === undefined ? "—" :
+      `${fmt(c.qos, 2)} / ${fmt(c.resource, 2)} / ${fmt(c.switching, 2)}`;
+    const cells = [new Date(d.at).toLocaleTimeString(), d.step, d.strategy,
+      `${d.current.workers} → ${d.chosen.workers}`,
+      `${fmt(d.current.freq_ghz, 2)} → ${fmt(d.chosen.freq_ghz, 2)}`,
+      fmt(d.measured_latency_ms, 0), fmt(d.predicted_latency_ms, 0),
+      d.predicted_power_w === null ? "—" : fmt(d.predicted_power_w, 1) + " W", cost,
+      fmt(d.solve_ms, 2) + " ms",
+      d.rebalance ? `rebalance: ${Object.keys(d.rebalance.moves).length} groups` : d.action,
+      d.outcome];
+    for (const text of cells) cell(tr, String(text));
+    tr.lastChild.className = "o-" + d.outcome;
+    tr.lastChild.title = d.outcome_message || d.reason || "";
+    tr.title = d.reason || "";
+    if (known) {
+      tbody.replaceChild(tr, known);
+    } else {
+      tbody.insertBefore(tr, tbody.firstChild);
+      probe.decisions += 1;
+      // Predicted-vs-measured: this step's measurement against last step's prediction.
+      push(charts.model, 0, d.t, d.measured_latency_ms);
+      push(charts.model, 1, d.t, previousPrediction);
+      push(charts.model, 2, d.t, latencyBound);
+      previousPrediction = d.predicted_latency_ms;
+      (d.alerts || []).forEach((a) => showAlert(a, d.at));
+    }
+    seenDecisions.set(d.step, tr);
+    while (tbody.children.length > MAX_DECISIONS) {
+      const last = tbody.lastChild;
+      seenDecisions.delete(Number(last.dataset.step));
+      tbody.removeChild(last);
+    }
+    if (d.action !== "hold" && (d.outcome === "applied" || d.outcome === "pending")) {
+      addMarker(d.t);
+    }
+    const m = d.mape || {};
+    document.getElementById("model-error").textContent =
+      `model error (MAPE over the run): latency ${fmt(m.latency, 1)} %, throughput ` +
+      `${fmt(m.throughput, 1)} %, power ${fmt(m.power, 1)} %` +
+      (m.latency > 50 ? " — treat predictions with caution" : "");
+    scheduleRedraw();
+  }
+
+  function addMarker(t) {
+    if (markerTimes.some((x) => Math.abs(x - t) < 0.5)) return;
+    markerTimes.push(t);
+    if (markerTimes.length > 200) markerTimes.shift();
+    probe.markers = markerTimes.length;
+  }
+
+  function showAlert(text, at) {
+    const box = document.getElementById("alerts");
+    const div = document.createElement("div");
+    div.className = "flash error alert";
+    div.textContent = `${new Date(at).toLocaleTimeString()} — ${text}`;
+    box.insertBefore(div, box.firstChild);
+    while (box.children.length > 5) box.removeChild(box.lastChild);
+    probe.alerts += 1;
   }
 
   function addEvent(e) {
@@ -107,6 +295,13 @@
     }
     tbody.insertBefore(tr, tbody.firstChild);
     while (tbody.children.length > MAX_EVENTS) tbody.removeChild(tbody.lastChild);
+    // Operator and runner reconfigurations are markers too (the controller's come
+    // from its decisions).
+    if (e.kind === "runner:workers_changed" || e.kind === "runner:frequency_changed" ||
+        e.kind === "runner:migration_done") {
+      addMarker(Date.parse(e.at) / 1000);
+      scheduleRedraw();
+    }
   }
 
   function setStatus(run) {
@@ -118,6 +313,7 @@
     document.getElementById("run-workers").textContent = run.workers;
     document.getElementById("run-key-groups").textContent = run.key_groups;
     document.getElementById("run-app").textContent = run.spark_app_id || "—";
+    if (run.frequency_source) setFrequencyLabel(run.frequency_source, run.frequency_ghz);
   }
 
   let backoff = 500;
@@ -132,11 +328,14 @@
         setStatus(data.run);
         document.querySelector("#events tbody").innerHTML = "";
         data.events.forEach(addEvent);
+        (data.decisions || []).forEach(addDecision);
         addSamples(data.samples, false);
       } else if (data.kind === "metrics") {
         addSamples(data.samples, true);
       } else if (data.kind === "event") {
         addEvent(data.event);
+      } else if (data.kind === "decision") {
+        addDecision(data.decision);
       } else if (data.kind === "status") {
         setStatus(data.run);
       }

@@ -76,7 +76,8 @@ class Command(BaseCommand):
         if settings.SPARK_MASTER_URL == "embedded":
             self.stdout.write("starting the embedded Spark cluster (≈10 s)…")
             try:
-                self.cluster_info = cluster.start(Path(settings.SPARK_DIR))
+                self.cluster_info = cluster.start(Path(settings.SPARK_DIR),
+                                                  worker_cores=settings.CLUSTER_CORES)
             except cluster.ClusterError as exc:
                 raise CommandError(str(exc)) from exc
             self.stdout.write(f"Spark master {self.cluster_info.master_url} "

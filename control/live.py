@@ -1,0 +1,614 @@
+"""The closed loop's controller for a live Spark run (pure Python, no Django).
+
+One :class:`LiveController` per run carries the thesis' control loop (ch. 6, Fig. 6.2):
+**monitor** (the runner's per-batch records since the last tick, ``observe``) →
+**forecast** (the strategy's forecaster) → **decide** (an MPC strategy of
+``control.strategies.mpc`` or a rule of ``control.strategies.rules``) under the policy's
+hard limits → a :class:`LiveDecision`, which the caller applies (Celery on the product,
+the bus in the benchmark) and stores.
+
+Model on Spark (micro-batches; ours, documented in ``sysmodel.MicroBatchModel``): a batch
+of N input records on n workers at frequency f takes D = o + c·N·f_max/(n·f); ``o`` and
+``c`` are re-fitted every tick by least squares over the recent batches (batches with
+failed tasks or a migration step are left out). Then rho = lambda·c/n at f_max, and the
+p95 latency is (1 + 0.95)·o/(1-rho)·e, with e the feedback factor of Eq. 6.10 (measured
+over predicted latency, last three steps). Power is the runner's modelled Eq. 6.11, so a
+prediction and the chart speak of the same watts.
+
+Hard limits (issue 7): the worker range and the power budget. MPC strategies never see an
+over-budget configuration as affordable (``MpcProblem.power_budget_w``); rules and static
+strategies are clamped to the nearest configuration within the budget. When no
+configuration meets both the budget and the latency bound, the budget is kept, the best
+remaining configuration is chosen and the decision carries an alert.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from control import forecasting as fc
+from control import sysmodel as sm
+from control.planning import PlanningError
+from control.planning import migration as planners
+from control.strategies import mpc, rules
+from control.strategies.controller import MpcController
+from control.strategies.mpc import Config
+
+MPC_STRATEGIES = tuple(sorted(mpc.THESIS_STRATEGIES))
+RULE_STRATEGIES = ("th-rule", "lat-rule", "spl", "peak-load", "ds2")
+STATIC_STRATEGIES = ("static-min", "static-max")
+LIVE_STRATEGIES = MPC_STRATEGIES + RULE_STRATEGIES + STATIC_STRATEGIES
+LATENCY_QUANTILE = 0.95
+FIT_WINDOW = 40  # batches used to fit o and c
+SPREAD_FOR_SLOPE = 0.25  # std/mean of batch sizes needed to fit a slope
+MIN_R2 = 0.5  # share of the batch-time variance a fitted line must explain
+# A fitted o below this share of the fastest batch would mean that batch ran at rho > 0.7;
+# such a line comes from a drifting run (warm-up), not from the load.
+MIN_OVERHEAD_SHARE = 0.3
+# The first batches of a run pay Spark's start-up (JIT, Python workers, first state
+# loads: 5-15 s each here), and the next ones are still slower per record, with larger
+# batches from the backlog the slow ones left: measured here, batch time kept falling for
+# ~20 batches (p95 3.1 s -> 1.9 s at one rate). Deciding on them scales for a spike that
+# is already over, and fitting them reads the warm-up trend as a steep per-record cost
+# (o ~0.2 s, 2 workers predicted 5x faster). Both wait for WARMUP_BATCHES.
+WARMUP_BATCHES = 20
+# Eq. 6.10's factor is learned only from steady steps (no backlog of more than two
+# batches' input) and kept within these bounds: a step that drains a backlog measures
+# the drain, not the model's steady state, and would teach a factor of 10-30.
+FEEDBACK_LIMITS = (0.25, 4.0)
+# Key-group rebalancing (thesis §6.4, Fig. 6.2's "rebalance" box): when the busiest
+# worker carries more than (1 + threshold) x the mean keyed load, Ding's routing-table
+# planner is asked for the least state to move under a cap of (1 + threshold/2) x mean;
+# the plan is sent only if it lowers the imbalance by IMBALANCE_GAIN, and not again
+# within REBALANCE_COOLDOWN_STEPS (a migration's first batches are not steady load).
+# A policy sets ``rebalance_threshold`` (0 turns it off).
+REBALANCE_THRESHOLD = 0.3
+IMBALANCE_GAIN = 0.1
+REBALANCE_COOLDOWN_STEPS = 5
+REBALANCE_SCHEDULE = "batched"  # how its moves are paced (Megaphone, seed 003)
+
+
+class LoopError(ValueError):
+    """A policy or parameter the loop cannot run with; one line, naming the field."""
+
+
+@dataclass(frozen=True)
+class LoopPolicy:
+    strategy: str
+    latency_bound_s: float
+    min_workers: int
+    max_workers: int
+    freqs_ghz: tuple[float, ...]  # settable frequencies; the largest is f_max
+    power: sm.PowerModel
+    power_budget_w: float | None = None
+    throughput_floor: float = 0.0
+    control_step_s: float = 2.0
+    params: dict[str, Any] = field(default_factory=dict)
+    violation_steps: int = 3  # QoS alert after this many violating steps in a row
+
+    @property
+    def f_max(self) -> float:
+        return max(self.freqs_ghz)
+
+
+@dataclass
+class StepObservation:
+    """The monitor's view of one control step (thesis Tables 6.1–6.2 on Spark)."""
+
+    batches: int
+    rate: float  # arrivals/s: growth of the source's available offset
+    throughput: float  # records/s committed by the sink
+    latency_s: float | None  # mean per-batch p95 latency
+    batch_s: float | None  # mean batch duration
+    workers: int
+    freq_ghz: float
+    power_w: float | None
+    backlog: int  # records available but not yet read
+    failed_tasks: int
+
+
+@dataclass
+class LiveDecision:
+    step: int
+    t: float
+    strategy: str
+    inputs: dict[str, Any]
+    chosen: dict[str, Any]
+    current: dict[str, Any]
+    action: str  # hold | scale | frequency | scale+frequency | rebalance
+    predictions: list[dict[str, Any]]
+    cost: dict[str, Any]
+    solve_ms: float
+    reason: str
+    alerts: list[str]
+    model_error: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return json_safe(asdict(self))
+
+
+def json_safe(value: Any) -> Any:
+    """JSON-safe: NaN/inf become None (a saturated prediction has no finite latency)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _num(params: dict[str, Any], key: str, default: float, *, low: float,
+         high: float | None = None, whole: bool = False, open_low: bool = False) -> float:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise LoopError(f"{key}: must be a number, got {value!r}")
+    if whole and int(value) != value:
+        raise LoopError(f"{key}: must be a whole number, got {value}")
+    if (value <= low) if open_low else (value < low):
+        raise LoopError(f"{key}: must be {'>' if open_low else '>='} {low:g}, got {value:g}")
+    if high is not None and value > high:
+        raise LoopError(f"{key}: must be <= {high:g}, got {value:g}")
+    return value
+
+
+PARAMS: dict[str, tuple[str, ...]] = {
+    **{s: ("horizon", "switching", "alpha", "beta", "gamma", "forecaster") for s in MPC_STRATEGIES},
+    "th-rule": ("theta_max", "theta_min"),
+    "lat-rule": ("xi_max", "xi_min"),
+    "spl": ("congestion_threshold", "sensitivity"),
+    "peak-load": (), "ds2": ("target_utilisation",),
+    "static-min": (), "static-max": (),
+}
+COMMON_PARAMS = ("violation_steps", "rebalance_threshold")
+
+
+def check_params(strategy: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Validate a policy's strategy parameters; raise :class:`LoopError` naming the key.
+    The Policy form shows the message on its field."""
+    if strategy not in LIVE_STRATEGIES:
+        raise LoopError(f"strategy: one of {', '.join(LIVE_STRATEGIES)}")
+    if not isinstance(params, dict):
+        raise LoopError("parameters: must be a JSON object")
+    unknown = sorted(set(params) - set(PARAMS[strategy]) - set(COMMON_PARAMS))
+    if unknown:
+        allowed = ", ".join(PARAMS[strategy] + COMMON_PARAMS) or "none"
+        raise LoopError(f"{unknown[0]}: unknown for {strategy} (allowed: {allowed})")
+    if strategy in MPC_STRATEGIES:
+        _num(params, "horizon", 1, low=1, high=5, whole=True)
+        for key, default in (("alpha", 2.0), ("beta", 0.5)):
+            _num(params, key, default, low=0, open_low=True)
+        _num(params, "gamma", 0.4, low=0, open_low=True)
+        if not isinstance(params.get("switching", True), bool):
+            raise LoopError("switching: true (Sw, gamma > 0) or false (NoSw)")
+        if params.get("forecaster", "holt") not in ("holt", "ma3", "last"):
+            raise LoopError("forecaster: one of holt, ma3, last")
+    elif strategy == "th-rule":
+        hi = _num(params, "theta_max", 0.9, low=0, high=2, open_low=True)
+        if _num(params, "theta_min", 0.8, low=0, high=2) >= hi:
+            raise LoopError("theta_min: must be below theta_max")
+    elif strategy == "lat-rule":
+        hi = _num(params, "xi_max", 1.2, low=0, high=100, open_low=True)
+        if _num(params, "xi_min", 0.8, low=0, high=100) >= hi:
+            raise LoopError("xi_min: must be below xi_max")
+    elif strategy == "spl":
+        _num(params, "congestion_threshold", 0.1, low=0, high=1)
+        _num(params, "sensitivity", 0.9, low=0, high=1, open_low=True)
+    elif strategy == "ds2":
+        _num(params, "target_utilisation", 0.7, low=0, high=1, open_low=True)
+    _num(params, "violation_steps", 3, low=1, high=1000, whole=True)
+    _num(params, "rebalance_threshold", REBALANCE_THRESHOLD, low=0, high=10)
+    return params
+
+
+# ------------------------------------------------------------------------- model
+@dataclass
+class BatchModel:
+    """Online least-squares fit of D = o + c·x, x = N·f_max/(n·f) (see the module doc)."""
+
+    history: deque = field(default_factory=lambda: deque(maxlen=FIT_WINDOW))
+    overhead_s: float = 0.5
+    cost_s: float = 1e-4  # per input record on one worker at f_max
+    # Whether ``cost_s`` came from a regression over batches of different sizes: then
+    # it is kept while the window has no such spread (a constant rate says nothing new
+    # about the slope, only about the level).
+    slope_measured: bool = False
+
+    def add(self, records: int, duration_s: float, workers: int, freq: float,
+            f_max: float) -> None:
+        if records > 0 and duration_s > 0 and workers > 0 and freq > 0:
+            self.history.append((records * f_max / (workers * freq), duration_s))
+
+    def fit(self) -> None:
+        if not self.history:
+            return
+        x = np.array([h[0] for h in self.history])
+        d = np.array([h[1] for h in self.history])
+        floor = float(d.min())
+        # A slope is only believed from batches of really different sizes (the rate or
+        # the configuration changed) and when the line explains them: batch jitter
+        # alone gives x a ~10 % spread that is uncorrelated with D (x follows the
+        # previous batch's duration), and a line through it is noise.
+        if len(x) >= 4 and x.std() > SPREAD_FOR_SLOPE * x.mean():
+            slope, intercept = np.polyfit(x, d, 1)
+            explained = 1.0 - float(np.var(d - (intercept + slope * x))) / max(
+                float(np.var(d)), 1e-12)
+            if (slope > 0 and MIN_OVERHEAD_SHARE * floor <= intercept <= floor
+                    and explained >= MIN_R2):
+                self.overhead_s, self.cost_s = float(intercept), float(slope)
+                self.slope_measured = True
+                return
+        if self.slope_measured:
+            # Keep the measured slope; re-level the overhead on the recent batches.
+            level = float(np.mean(d - self.cost_s * x))
+            if 0 < level <= floor:
+                self.overhead_s = level
+                return
+        # No slope measured yet (a run that has only seen one rate): o and c cannot be
+        # separated. The fastest batch is at most o plus its records' cost; take 95 % of
+        # it as o, so c explains only the jitter. A larger share for c made a lightly
+        # loaded run look half-busy (rho ~0.5 at 7 % of the measured capacity) and
+        # scale up for nothing; a slope that is too small is corrected as soon as the
+        # rate moves, because the window then has the spread to fit it.
+        self.overhead_s = 0.95 * floor
+        self.cost_s = max(float(np.mean((d - self.overhead_s) / x)), 1e-9)
+
+    def utilisation(self, rate: float, workers: int, freq: float, f_max: float) -> float:
+        return rate * self.cost_s * f_max / (workers * freq)
+
+    def latency(self, rate: float, workers: int, freq: float, f_max: float,
+                feedback: float = 1.0) -> float:
+        rho = self.utilisation(rate, workers, freq, f_max)
+        if rho >= sm.SATURATED:
+            return math.inf
+        return feedback * (1.0 + LATENCY_QUANTILE) * self.overhead_s / (1.0 - rho)
+
+    def throughput(self, rate: float, workers: int, freq: float, f_max: float) -> float:
+        return min(rate, workers * freq / (self.cost_s * f_max))
+
+
+def observe(records: list[dict[str, Any]], previous: dict[str, Any] | None) -> StepObservation:
+    """A control step's observation from the runner's metrics records since the last
+    tick (``previous``: the last record of the step before, for rates)."""
+    if not records:
+        raise LoopError("no micro-batch in this control step")
+    first = previous or records[0]
+    last = records[-1]
+    span = max(last["t"] - first["t"], 1e-6)
+    if last.get("source_latest") is not None and first.get("source_latest") is not None \
+            and previous is not None:
+        # The source's available offset is read when a batch's trigger starts: measure
+        # its growth over the same instants (commit times would add batch jitter).
+        clock = "trigger_started_at" if last.get("trigger_started_at") and \
+            first.get("trigger_started_at") else "t"
+        rate = (last["source_latest"] - first["source_latest"]) / max(
+            last[clock] - first[clock], 1e-6)
+    else:
+        rate = statistics.fmean(r.get("scheduled_rate") or r.get("input_rate") or 0.0
+                                for r in records)
+    counted = records if previous is not None else records[1:] or records
+    throughput = sum(r.get("records") or 0 for r in counted) / span
+    p95 = [r["latency_p95_ms"] / 1000 for r in records if r.get("latency_p95_ms") is not None]
+    durations = [r["batch_duration_ms"] / 1000 for r in records if r.get("batch_duration_ms")]
+    power = [r["power_w"] for r in records if r.get("power_w") is not None]
+    backlog = (last["source_latest"] - last["source_end"]
+               if last.get("source_latest") is not None and last.get("source_end") is not None
+               else 0)
+    return StepObservation(
+        batches=len(records), rate=max(rate, 0.0), throughput=throughput,
+        latency_s=statistics.fmean(p95) if p95 else None,
+        batch_s=statistics.fmean(durations) if durations else None,
+        workers=int(last.get("workers") or 1), freq_ghz=float(last.get("frequency_ghz") or 0),
+        power_w=statistics.fmean(power) if power else None, backlog=int(backlog),
+        failed_tasks=sum(r.get("failed_tasks") or 0 for r in records))
+
+
+def keyed_imbalance(placement: list[str | None], loads: list[float]) -> float:
+    """max/mean - 1 of the workers' keyed load (the sum of their groups' loads)."""
+    per: dict[str, float] = {}
+    for owner, load in zip(placement, loads, strict=True):
+        if owner is not None:
+            per[owner] = per.get(owner, 0.0) + load
+    if len(per) < 2 or sum(per.values()) <= 0:
+        return 0.0
+    return max(per.values()) / statistics.fmean(per.values()) - 1.0
+
+
+def plan_rebalance(records: list[dict[str, Any]], threshold: float) -> dict[str, Any] | None:
+    """A key-group move plan for the step's batches, or None when the load is balanced
+    within ``threshold``, the runner reported no per-group loads, a migration is under
+    way, or no plan would improve the balance by IMBALANCE_GAIN."""
+    last = records[-1]
+    placement = last.get("placement")
+    if threshold <= 0 or not placement or last.get("migration") or None in placement:
+        return None
+    groups = len(placement)
+    columns = [[r["group_ms"][g] for r in records
+                if r.get("group_ms") and len(r["group_ms"]) == groups
+                and r["group_ms"][g] is not None and not r.get("migration")]
+               for g in range(groups)]
+    if any(not c for c in columns):
+        return None
+    loads = [max(statistics.fmean(c), 1.0) for c in columns]
+    now = keyed_imbalance(placement, loads)
+    owners = sorted(set(placement))
+    if now <= threshold or len(owners) < 2:
+        return None
+    index = {e: i for i, e in enumerate(owners)}
+    sizes = last.get("group_bytes") or [1.0] * groups
+    problem = planners.MigrationProblem(
+        loads=tuple(loads), state_sizes=tuple(max(float(b or 0), 1.0) for b in sizes),
+        current=tuple(index[e] for e in placement), target_workers=len(owners),
+        tau=threshold / 2, nonempty=True)
+    try:
+        plan = planners.plan(problem, "ding-table")
+    except PlanningError:
+        return None
+    target = [owners[i] for i in plan.assignment]
+    after = keyed_imbalance(target, loads)
+    if not plan.feasible or not plan.moved or now - after < IMBALANCE_GAIN:
+        return None
+    return {"moves": {str(g): target[g] for g in plan.moved}, "imbalance": now,
+            "planned_imbalance": after, "state_bytes": plan.migration_cost,
+            "planner": "ding-table", "tau": threshold / 2}
+
+
+# ---------------------------------------------------------------------- controller
+@dataclass
+class LiveController:
+    policy: LoopPolicy
+    model: BatchModel = field(default_factory=BatchModel)
+    step_index: int = 0
+    last_record: dict[str, Any] | None = None
+    last_prediction: dict[str, float] | None = None
+    errors: dict[str, list[float]] = field(
+        default_factory=lambda: {"latency": [], "throughput": [], "power": []})
+    violations: int = 0
+    last_alerts: tuple[str, ...] = ()
+    last_rebalance_step: int = -REBALANCE_COOLDOWN_STEPS
+    _mpc: MpcController | None = None
+    _rule: Any = None
+    _rates: deque = field(default_factory=lambda: deque(maxlen=3))
+
+    def __post_init__(self) -> None:
+        p = self.policy
+        check_params(p.strategy, p.params)
+        if not 1 <= p.min_workers <= p.max_workers:
+            raise LoopError("workers: need 1 <= min <= max")
+        if not p.freqs_ghz or min(p.freqs_ghz) <= 0:
+            raise LoopError("frequencies: need at least one positive frequency")
+        bounds = {"n_min": p.min_workers, "n_max": p.max_workers}
+        params = p.params
+        if p.strategy in MPC_STRATEGIES:
+            switching = params.get("switching", True)
+            forecaster = {"holt": fc.Holt, "ma3": fc.MovingAverage3,
+                          "last": fc.LastValue}[params.get("forecaster", "holt")]()
+            mpc_params: dict[str, Any] = {
+                "latency_bound_s": p.latency_bound_s, "power": p.power,
+                "latency_model": "microbatch", "latency_quantile": LATENCY_QUANTILE,
+                "power_budget_w": p.power_budget_w,
+                "gamma": float(params.get("gamma", 0.4)) if switching else 0.0}
+            for key in ("alpha", "beta"):
+                if key in params:
+                    mpc_params[key] = float(params[key])
+            self._mpc = MpcController(
+                strategy=p.strategy, horizon=int(params.get("horizon", 1)) if switching else 1,
+                solver="dp", params=mpc_params,
+                worker_options=tuple(range(p.min_workers, p.max_workers + 1)),
+                freq_options=tuple(sorted(p.freqs_ghz)), forecaster=forecaster,
+                feedback_limits=FEEDBACK_LIMITS)
+        elif p.strategy == "th-rule":
+            self._rule = rules.ThRule(theta_max=params.get("theta_max", 0.9),
+                                      theta_min=params.get("theta_min", 0.8), **bounds)
+        elif p.strategy == "lat-rule":
+            self._rule = rules.LatRule(bound_s=p.latency_bound_s,
+                                       xi_max=params.get("xi_max", 1.2),
+                                       xi_min=params.get("xi_min", 0.8), **bounds)
+        elif p.strategy == "spl":
+            self._rule = rules.SPL(
+                congestion_threshold=params.get("congestion_threshold", 0.1),
+                sensitivity=params.get("sensitivity", 0.9), **bounds)
+        elif p.strategy == "peak-load":
+            self._rule = rules.PeakLoad(f_max=p.f_max, **bounds)
+        elif p.strategy == "ds2":
+            self._rule = rules.DS2(control_step_s=p.control_step_s,
+                                   target_utilisation=params.get("target_utilisation", 0.7),
+                                   **bounds)
+
+    # --------------------------------------------------------------- helpers
+    def power_of(self, c: Config) -> float:
+        return self.policy.power.power(c.workers, c.freq_ghz)
+
+    def _within_budget(self, wanted: Config) -> tuple[Config, str | None]:
+        """Rules and statics: the nearest configuration within the budget (fewer
+        workers or a lower frequency), or the least powerful one with an alert."""
+        p = self.policy
+        if p.power_budget_w is None or self.power_of(wanted) <= p.power_budget_w:
+            return wanted, None
+        for f in sorted((f for f in p.freqs_ghz if f <= wanted.freq_ghz), reverse=True):
+            for n in range(wanted.workers, p.min_workers - 1, -1):
+                if self.power_of(Config(n, f)) <= p.power_budget_w:
+                    return Config(n, f), (f"power budget {p.power_budget_w:g} W: "
+                                          f"{wanted.workers} workers at {wanted.freq_ghz} GHz "
+                                          f"cut to {n} at {f} GHz")
+        least = Config(p.min_workers, min(p.freqs_ghz))
+        return least, (f"every configuration exceeds the power budget {p.power_budget_w:g} W; "
+                       f"running the least powerful ({least.workers} at {least.freq_ghz} GHz)")
+
+    def _predict(self, c: Config, rate: float, feedback: float) -> dict[str, float]:
+        p = self.policy
+        return {"workers": c.workers, "freq_ghz": c.freq_ghz, "rate": rate,
+                "utilisation": self.model.utilisation(rate, c.workers, c.freq_ghz, p.f_max),
+                "latency_s": self.model.latency(rate, c.workers, c.freq_ghz, p.f_max, feedback),
+                "throughput": self.model.throughput(rate, c.workers, c.freq_ghz, p.f_max),
+                "power_w": self.power_of(c)}
+
+    def _bound_alerts(self, chosen: Config, rate: float, feedback: float) -> list[str]:
+        """Say when the limits, not the strategy, keep the latency bound from being met."""
+        p = self.policy
+        if self.model.latency(rate, chosen.workers, chosen.freq_ghz, p.f_max,
+                              feedback) <= p.latency_bound_s:
+            return []
+        meets = [Config(n, f) for n in range(p.min_workers, p.max_workers + 1)
+                 for f in p.freqs_ghz
+                 if self.model.latency(rate, n, f, p.f_max, feedback) <= p.latency_bound_s]
+        if not meets:
+            return [f"no configuration up to {p.max_workers} workers meets the latency bound "
+                    f"{p.latency_bound_s * 1000:.0f} ms at {rate:.0f} records/s (modelled)"]
+        affordable = [c for c in meets if p.power_budget_w is None
+                      or self.power_of(c) <= p.power_budget_w]
+        if not affordable:
+            return [f"the power budget {p.power_budget_w:g} W keeps the latency bound from "
+                    "being met (modelled); keeping the budget"]
+        return []
+
+    def _score(self, obs: StepObservation) -> dict[str, Any]:
+        """Measured vs what the last step predicted for this one (model feedback)."""
+        out: dict[str, Any] = {}
+        pred = self.last_prediction
+        if pred is None:
+            return out
+        for key, measured in (("latency", obs.latency_s), ("throughput", obs.throughput),
+                              ("power", obs.power_w)):
+            predicted = pred.get({"latency": "latency_s", "throughput": "throughput",
+                                  "power": "power_w"}[key])
+            out[key] = {"predicted": predicted, "measured": measured}
+            if measured and predicted is not None and math.isfinite(predicted) and measured > 0:
+                self.errors[key].append(abs(predicted - measured) / measured * 100.0)
+        return out
+
+    def mape(self) -> dict[str, float | None]:
+        return {k: (statistics.fmean(v) if v else None) for k, v in self.errors.items()}
+
+    # ------------------------------------------------------------------- step
+    def step(self, records: list[dict[str, Any]], current: Config) -> LiveDecision:
+        """One control step over the batches committed since the last one."""
+        p = self.policy
+        # A read-only frequency (cpuinfo: 2.596 GHz) is the settable one nearest to it
+        # (2.6): a rounding difference is not a frequency change.
+        current = Config(current.workers,
+                         min(p.freqs_ghz, key=lambda f: abs(f - current.freq_ghz)))
+        obs = observe(records, self.last_record)
+        self.last_record = records[-1]
+        for r in records:
+            if (not r.get("failed_tasks") and not r.get("migration")
+                    and r.get("batch_id", 0) >= WARMUP_BATCHES):
+                self.model.add(int(r.get("input_rows") or 0),
+                               (r.get("batch_duration_ms") or 0) / 1000.0,
+                               int(r.get("workers") or current.workers),
+                               float(r.get("frequency_ghz") or current.freq_ghz), p.f_max)
+        self.model.fit()
+        scored = self._score(obs)
+        self.step_index += 1
+        started = time.perf_counter()
+        alerts: list[str] = []
+        rate = max(obs.rate, 1e-9)
+        if records[-1].get("batch_id", WARMUP_BATCHES) < WARMUP_BATCHES:
+            prediction = self._predict(current, rate, 1.0)
+            self.last_prediction = None
+            return LiveDecision(
+                step=self.step_index, t=records[-1]["t"], strategy=p.strategy,
+                inputs={**asdict(obs), "warming_up": True},
+                chosen={"workers": current.workers, "freq_ghz": current.freq_ghz},
+                current={"workers": current.workers, "freq_ghz": current.freq_ghz},
+                action="hold", predictions=[prediction], cost={},
+                solve_ms=(time.perf_counter() - started) * 1000.0,
+                reason=f"warming up: no decision on the first {WARMUP_BATCHES} batches",
+                alerts=[], model_error={"last": {}, "mape": self.mape()})
+        feedback = 1.0
+        cost: dict[str, Any] = {}
+        if self._mpc is not None:
+            self._mpc.params["batch_overhead_s"] = self.model.overhead_s
+            cost_here = self.model.cost_s * p.f_max / current.freq_ghz
+            per_batch = obs.throughput * (obs.batch_s or 0.0)
+            steady = obs.backlog <= 2 * max(per_batch, 1.0)
+            decision = self._mpc.step(current, rate, cost_here, 1.0, 1.0,
+                                      obs.latency_s if steady else None)
+            feedback = self._mpc.feedback
+            chosen = decision.chosen
+            predictions = [dict(workers=s.workers, freq_ghz=s.freq_ghz, rate=s.rate,
+                                utilisation=s.utilisation, latency_s=s.latency_s,
+                                throughput=s.throughput, power_w=s.power_w,
+                                qos_cost=s.qos_cost, resource_cost=s.resource_cost,
+                                switching_cost=s.switching_cost)
+                           for s in decision.trajectory]
+            cost = {"total": decision.cost, "nodes_explored": decision.nodes_explored,
+                    "nodes_total": decision.nodes_total,
+                    "qos": sum(s.qos_cost for s in decision.trajectory),
+                    "resource": sum(s.resource_cost for s in decision.trajectory),
+                    "switching": sum(s.switching_cost for s in decision.trajectory)}
+            reason = (f"{p.strategy} h={len(decision.trajectory)}: least cost "
+                      f"{decision.cost:.4g} over {decision.nodes_total} plans")
+            if self.power_of(chosen) > (p.power_budget_w or math.inf):
+                alerts.append(self._within_budget(chosen)[1] or "over the power budget")
+        else:
+            self._rates.append(rate)
+            if p.strategy in STATIC_STRATEGIES:
+                n = p.max_workers if p.strategy == "static-max" else p.min_workers
+                wanted = Config(n, p.f_max)
+                reason = f"static: always {n} workers at {p.f_max} GHz"
+            else:
+                util = self.model.utilisation(rate, current.workers, current.freq_ghz, p.f_max)
+                rule_obs = rules.Observation(
+                    rate=rate, throughput=obs.throughput, utilisation=util,
+                    latency_s=obs.latency_s if obs.latency_s is not None else 0.0,
+                    workers=current.workers, freq_ghz=p.f_max,
+                    congestion=min(obs.backlog / max(rate * p.control_step_s, 1.0), 1.0))
+                ruled = self._rule.decide(rule_obs)
+                wanted, reason = ruled.chosen, f"{p.strategy}: {ruled.reason}"
+            chosen, clamp = self._within_budget(wanted)
+            if clamp:
+                alerts.append(clamp)
+            predictions = [self._predict(chosen, rate, 1.0)]
+        alerts += self._bound_alerts(chosen, rate, feedback)
+        solve_ms = (time.perf_counter() - started) * 1000.0
+        self.last_prediction = dict(predictions[0])
+        # QoS violations: the measured p95 over the bound (or throughput under the
+        # floor) for violation_steps steps in a row raises one alert per streak.
+        violated = ((obs.latency_s is not None and obs.latency_s > p.latency_bound_s)
+                    or (p.throughput_floor > 0 and obs.throughput < p.throughput_floor))
+        self.violations = self.violations + 1 if violated else 0
+        k = int(p.params.get("violation_steps", p.violation_steps))
+        if self.violations == k:
+            alerts.append(f"QoS violated for {k} consecutive steps: p95 "
+                          f"{(obs.latency_s or 0) * 1000:.0f} ms (bound "
+                          f"{p.latency_bound_s * 1000:.0f} ms), throughput "
+                          f"{obs.throughput:.0f}/s (floor {p.throughput_floor:g})")
+        # An alert is raised when it appears, not again on every step while it holds.
+        alerts, self.last_alerts = ([a for a in alerts if a not in self.last_alerts],
+                                    tuple(alerts))
+        action = "+".join(a for a, changed in (
+            ("scale", chosen.workers != current.workers),
+            ("frequency", not math.isclose(chosen.freq_ghz, current.freq_ghz, abs_tol=1e-6)))
+            if changed) or "hold"
+        # Scaling re-plans the placement itself (the runner's planned set_workers); when
+        # the configuration holds, an imbalanced placement is the remaining lever.
+        rebalance = None
+        if (action == "hold"
+                and self.step_index - self.last_rebalance_step >= REBALANCE_COOLDOWN_STEPS):
+            rebalance = plan_rebalance(records, float(p.params.get("rebalance_threshold",
+                                                                   REBALANCE_THRESHOLD)))
+            if rebalance is not None:
+                action, self.last_rebalance_step = "rebalance", self.step_index
+                reason += (f"; keyed load imbalance {rebalance['imbalance']:.0%} > "
+                           f"{float(p.params.get('rebalance_threshold', REBALANCE_THRESHOLD)):.0%}:"
+                           f" move {len(rebalance['moves'])} groups "
+                           f"(planned {rebalance['planned_imbalance']:.0%})")
+        return LiveDecision(
+            step=self.step_index, t=records[-1]["t"], strategy=p.strategy,
+            inputs={**asdict(obs), "overhead_s": self.model.overhead_s,
+                    "cost_per_record_s": self.model.cost_s, "feedback": feedback,
+                    "utilisation": self.model.utilisation(rate, current.workers,
+                                                          current.freq_ghz, p.f_max),
+                    "forecast": predictions[0]["rate"], "violating": violated,
+                    "rebalance": rebalance},
+            chosen={"workers": chosen.workers, "freq_ghz": chosen.freq_ghz},
+            current={"workers": current.workers, "freq_ghz": current.freq_ghz},
+            action=action, predictions=predictions, cost=cost, solve_ms=solve_ms,
+            reason=reason, alerts=alerts, model_error={"last": scored, "mape": self.mape()})

@@ -1,0 +1,290 @@
+"""Exactly-once verifier: recompute what the sink must hold from the deterministic
+source and compare, batch by batch (DESIGN.md §4; thesis §6.4.2 R1 "gracefulness";
+Megaphone seed 003 §3.2 property 1 "correctness").
+
+Inputs: the run's pipeline spec and schedule clock ``t0``, its checkpoint (the offset
+log gives each committed batch's source range ``[end(b-1), end(b))``; the commit log
+says which batches committed) and the sink's kept output (one Parquet file per batch,
+``query.LatencySink(output_dir=…)``).
+
+For every committed batch b the records of its range are regenerated (record i is a
+pure function of (seed, i)), passed through the definition's stateless operators, and:
+
+* ``keyed_aggregate`` (update mode): the batch must output exactly the keys that
+  received records in b, each once, with the aggregate over *all* records of the key
+  up to the end of b (count exact; sum/mean/max to 1e-9 relative);
+* ``hft_window`` (append mode): the batch must output exactly the windows whose
+  triggering quote lies in b, each once, with the values of the pure-pandas reference
+  ``hft.reference`` (computed once over the whole stream).
+
+Anything else is a problem: a batch without output (lost), a row twice (duplicated), a
+missing expected row (lost), an extra row (unexpected), a wrong value (wrong).
+
+    python -m pipelines.runtime.verify CHECKPOINT_DIR   # reads runner.json beside it
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipelines.runtime import definition, hft, workload
+from pipelines.runtime.query import output_path
+
+MAX_PROBLEMS = 20
+RTOL = 1e-9
+
+
+@dataclass
+class VerifyReport:
+    ok: bool = True
+    batches: int = 0
+    records: int = 0  # source records covered by the committed batches
+    output_rows: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    unexpected: int = 0
+    wrong: int = 0
+    missing_batches: list[int] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def problem(self, kind: str, count: int, message: str) -> None:
+        setattr(self, kind, getattr(self, kind) + count)
+        self.ok = False
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(message)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        if self.ok:
+            return (f"verifier: OK - {self.batches} batches, {self.records} records, "
+                    f"{self.output_rows} output rows: nothing lost, nothing duplicated, "
+                    "same values")
+        return (f"verifier: FAILED - lost {self.lost}, duplicated {self.duplicated}, "
+                f"unexpected {self.unexpected}, wrong {self.wrong}; "
+                + "; ".join(self.problems[:3]))
+
+
+def read_log(directory: Path) -> dict[int, str]:
+    """Spark's metadata log (``offsets/``, ``commits/``): batch id -> file text."""
+    out = {}
+    if directory.is_dir():
+        for entry in directory.iterdir():
+            if entry.name.isdigit():
+                out[int(entry.name)] = entry.read_text()
+    return out
+
+
+def end_offsets(checkpoint: Path) -> dict[int, int]:
+    """Batch id -> our source's end offset (the offset log's third line)."""
+    ends = {}
+    for batch, text in read_log(checkpoint / "offsets").items():
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        ends[batch] = int(json.loads(lines[2])["offset"])
+    return ends
+
+
+def apply_stateless(spec: definition.PipelineSpec, recs: workload.Records) -> pd.DataFrame:
+    """The definition's filter/map steps on regenerated records (as ``query.py`` does
+    with Spark column expressions)."""
+    df = pd.DataFrame({"seq": recs.seq, "key": recs.key, "value": recs.value,
+                       "emit_ts": recs.emit_ts})
+    for op in spec.operators:
+        if op.type == "filter":
+            col = df[op.field].astype(np.float64)
+            keep = {"<": col < op.value, "<=": col <= op.value, ">": col > op.value,
+                    ">=": col >= op.value, "==": col == op.value, "!=": col != op.value}[op.op]
+            df = df[keep.to_numpy()]
+        elif op.type == "map":
+            x = df[op.field].to_numpy(np.float64)
+            if op.fn == "scale":
+                y = x * op.arg
+            elif op.fn == "add":
+                y = x + op.arg
+            elif op.fn == "abs":
+                y = np.abs(x)
+            elif op.fn == "square":
+                y = x * x
+            else:  # Spark's round is HALF_UP
+                p = 10.0 ** int(op.arg)
+                y = np.sign(x) * np.floor(np.abs(x) * p + 0.5) / p
+            df = df.assign(**{op.field: y})
+    return df
+
+
+def _read_output(output_dir: Path, batch: int) -> pd.DataFrame | None:
+    path = output_path(output_dir, batch)
+    if not path.exists():
+        return None
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path).to_pandas()
+
+
+def verify(spec: definition.PipelineSpec, t0: float, checkpoint: Path | str,
+           output_dir: Path | str) -> VerifyReport:
+    checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    report = VerifyReport()
+    ends = end_offsets(checkpoint)
+    committed = sorted(b for b in read_log(checkpoint / "commits") if b in ends)
+    if not committed:
+        report.problem("lost", 0, f"no committed batch in {checkpoint}")
+        return report
+    if committed[0] != 0 or any(b - 1 not in ends for b in committed[1:]):
+        first = committed[0] if committed[0] != 0 else next(
+            b for b in committed[1:] if b - 1 not in ends)
+        report.problem("lost", 0, f"the checkpoint's offset log no longer holds batch "
+                       f"{first - 1} (Spark purged it): the run cannot be checked from its "
+                       "start; runs that keep output keep their whole log")
+        return report
+    schedule, keys = spec.schedule(), spec.key_distribution()
+    starts = {b: ends.get(b - 1, 0) for b in committed}
+    stateful = spec.stateful
+    if stateful.type == "hft_window":
+        _verify_hft(spec, t0, committed, starts, ends, output_dir, report, schedule, keys)
+    else:
+        _verify_aggregate(spec, t0, committed, starts, ends, output_dir, report, schedule,
+                          keys)
+    return report
+
+
+def _records(spec: definition.PipelineSpec, t0: float, start: int, end: int,
+             schedule: workload.RateSchedule, keys: workload.KeyDistribution) -> pd.DataFrame:
+    return apply_stateless(spec, workload.generate(spec.seed, start, end, schedule, keys, t0))
+
+
+def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[int],
+                      starts: dict[int, int], ends: dict[int, int], output_dir: Path,
+                      report: VerifyReport, schedule: workload.RateSchedule,
+                      keys: workload.KeyDistribution) -> None:
+    agg = spec.stateful.agg
+    n = keys.n
+    count = np.zeros(n, dtype=np.int64)
+    total = np.zeros(n, dtype=np.float64)
+    peak = np.full(n, -np.inf)
+    for b in committed:
+        df = _records(spec, t0, starts[b], ends[b], schedule, keys)
+        report.batches += 1
+        report.records += ends[b] - starts[b]
+        k = df["key"].to_numpy(np.int64)
+        v = df[spec.stateful.field].to_numpy(np.float64)
+        np.add.at(count, k, 1)
+        np.add.at(total, k, v)
+        np.maximum.at(peak, k, v)
+        out = _read_output(output_dir, b)
+        if out is None:
+            report.missing_batches.append(b)
+            report.problem("lost", len(np.unique(k)), f"batch {b}: no output kept")
+            continue
+        report.output_rows += len(out)
+        dup = out["key"].duplicated()
+        if dup.any():
+            report.problem("duplicated", int(dup.sum()),
+                           f"batch {b}: key {int(out['key'][dup].iloc[0])} output twice")
+            out = out[~dup]
+        expected_keys = np.unique(k)
+        got = out.set_index("key")
+        missing = np.setdiff1d(expected_keys, got.index.to_numpy(np.int64))
+        extra = np.setdiff1d(got.index.to_numpy(np.int64), expected_keys)
+        if len(missing):
+            report.problem("lost", len(missing), f"batch {b}: {len(missing)} updated keys "
+                           f"missing (e.g. key {int(missing[0])})")
+        if len(extra):
+            report.problem("unexpected", len(extra), f"batch {b}: {len(extra)} keys output "
+                           f"without records in the batch (e.g. key {int(extra[0])})")
+        common = np.intersect1d(expected_keys, got.index.to_numpy(np.int64))
+        if not len(common):
+            continue
+        want_agg = {"count": count[common].astype(np.float64), "sum": total[common],
+                    "max": peak[common],
+                    "mean": total[common] / np.maximum(count[common], 1)}[agg]
+        rows = got.loc[common]
+        bad_count = rows["records"].to_numpy(np.int64) != count[common]
+        bad_value = ~np.isclose(rows["agg"].to_numpy(np.float64), want_agg, rtol=RTOL,
+                                atol=RTOL)
+        bad = bad_count | bad_value
+        if bad.any():
+            i = int(np.argmax(bad))
+            report.problem("wrong", int(bad.sum()),
+                           f"batch {b}: key {int(common[i])} has records="
+                           f"{int(rows['records'].iloc[i])}, agg={rows['agg'].iloc[i]!r}; "
+                           f"expected {int(count[common][i])}, {want_agg[i]!r}")
+
+
+def _verify_hft(spec: definition.PipelineSpec, t0: float, committed: list[int],
+                starts: dict[int, int], ends: dict[int, int], output_dir: Path,
+                report: VerifyReport, schedule: workload.RateSchedule,
+                keys: workload.KeyDistribution) -> None:
+    op = spec.stateful
+    last = ends[committed[-1]]
+    everything = _records(spec, t0, 0, last, schedule, keys)
+    expected = hft.reference(everything, op.window, op.slide, op.degree)
+    bounds = np.array([ends[b] for b in committed])
+    batch_of = np.array(committed)[np.searchsorted(bounds, expected["last_seq"].to_numpy(),
+                                                   side="right")]
+    expected = expected.assign(batch=batch_of)
+    for b in committed:
+        report.batches += 1
+        report.records += ends[b] - starts[b]
+        want = expected[expected["batch"] == b].set_index(["key", "window_end"])
+        out = _read_output(output_dir, b)
+        if out is None:
+            report.missing_batches.append(b)
+            report.problem("lost", len(want), f"batch {b}: no output kept")
+            continue
+        report.output_rows += len(out)
+        dup = out.duplicated(["key", "window_end"])
+        if dup.any():
+            report.problem("duplicated", int(dup.sum()), f"batch {b}: a window output twice")
+            out = out[~dup]
+        got = out.set_index(["key", "window_end"])
+        missing = want.index.difference(got.index)
+        extra = got.index.difference(want.index)
+        if len(missing):
+            report.problem("lost", len(missing), f"batch {b}: window {missing[0]} missing")
+        if len(extra):
+            report.problem("unexpected", len(extra), f"batch {b}: window {extra[0]} not "
+                           "expected in this batch")
+        common = want.index.intersection(got.index)
+        for idx in common:
+            w, g = want.loc[idx], got.loc[idx]
+            same = (w["first_seq"] == g["first_seq"] and w["last_seq"] == g["last_seq"]
+                    and w["buckets"] == g["buckets"]
+                    and np.isclose(w["price_mean"], g["price_mean"], rtol=RTOL)
+                    and np.allclose(np.asarray(g["coefficients"], dtype=float),
+                                    np.asarray(w["coefficients"], dtype=float),
+                                    rtol=1e-6, atol=1e-9))
+            if not same:
+                report.problem("wrong", 1, f"batch {b}: window {idx} differs from the "
+                               f"reference: {dict(g)} vs {dict(w)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m pipelines.runtime.verify RUN_DIR  (holding runner.json)",
+              file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0])
+    try:
+        cfg = json.loads((run_dir / "runner.json").read_text())
+        spec = definition.validate(cfg["definition"])
+        t0 = float(json.loads((run_dir / "t0").read_text())["t0"])
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"error: cannot read the run in {run_dir}: {exc}", file=sys.stderr)
+        return 2
+    report = verify(spec, t0, run_dir / "checkpoint", run_dir / "output")
+    print(json.dumps(report.as_dict()))
+    print(report.line(), file=sys.stderr)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""The elastic runtime's pieces that need no Spark: routing-table pacing and repair,
+state-file sizing on Spark's two checkpoint layouts, the frequency actuators on fake
+sysfs trees and a real process, RAPL on a fake powercap tree, the HFT kernel's window
+arithmetic, and a verifier that must catch what it claims to catch."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import zipfile
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipelines.runtime import definition, elastic, frequency, hft, placement, power, verify, workload
+from pipelines.runtime.query import output_path
+
+pytestmark = pytest.mark.dbless
+
+
+# --------------------------------------------------------------------- routing table
+def test_plan_steps_follow_the_schedule_planner() -> None:
+    current = ["0"] * 6 + ["3"] * 2
+    target = ["3", "3", "0", "0", "0", "0", "3", "3"]
+    for strategy, n_steps in (("all-at-once", 1), ("fluid", 2), ("batched", 2)):
+        steps = elastic.plan_steps(current, target, strategy, [10] * 8)
+        assert len(steps) == n_steps
+        moved = sorted(m["group"] for s in steps for m in s.moves)
+        assert moved == [0, 1] and all(m["to"] == "3" for s in steps for m in s.moves)
+        assert sum(s.bytes for s in steps) == 20
+    with pytest.raises(elastic.ElasticError, match="schedule must be"):
+        elastic.plan_steps(current, target, "sometimes", [0] * 8)
+
+
+def test_plan_target_scales_up_down_and_keeps_every_worker_busy() -> None:
+    up, info = elastic.plan_target(["0"] * 8, [1.0] * 8, [100] * 8, 2, ["5"])
+    assert sorted(set(up)) == ["0", "5"] and up.count("5") == 4 and info["max_load"] <= info["cap"]
+    # Scaling down, the planner retires the executor whose groups are cheapest to move.
+    down, _ = elastic.plan_target(["0"] * 4 + ["5"] * 4, [1.0] * 8,
+                                  [1000] * 4 + [1] * 4, 1)
+    assert down == ["0"] * 8
+    with pytest.raises(elastic.ElasticError, match="at least one group"):
+        elastic.plan_target(["0"] * 2, [1.0] * 2, [1] * 2, 3, ["1", "2"])
+    with pytest.raises(elastic.ElasticError, match="registered"):
+        elastic.plan_target(["0"] * 4, [1.0] * 4, [1] * 4, 3, ["1"])
+
+
+def test_an_infeasible_plan_falls_back_to_balanced_and_says_why() -> None:
+    # One group carries 90 % of the load: no plan meets (1+τ)·mean for τ = 0.
+    target, info = elastic.plan_target(["0"] * 4, [90, 4, 3, 3], [1] * 4, 2, ["1"], tau=0.0)
+    assert "balanced" in info["planner"] and info["fallback_reason"]
+    assert set(target) == {"0", "1"}
+
+
+def test_routing_table_paces_steps_with_the_gap_and_verifies_them() -> None:
+    table = elastic.RoutingTable(4)
+    table.adopt(["0", "0", "1", "1"])
+    steps = elastic.plan_steps(table.snapshot(), ["1", "0", "0", "1"], "fluid", [5, 0, 7, 0])
+    m = elastic.Migration("test", "fluid", 1, ["1", "0", "0", "1"], steps)
+    table.start(m)
+    with pytest.raises(elastic.ElasticError, match="still in progress"):
+        table.start(elastic.Migration("second", "fluid", 0, [], elastic.plan_steps(
+            ["0"], ["1"], "fluid", [0])))
+    first = table.due_moves(10)
+    assert first is not None and first.applied_after_batch == 10
+    assert table.due_moves(11) is None  # its batch (11) ran; the gap is one more batch
+    ran = dict(enumerate(table.snapshot()))  # every group where the table says
+    assert ran[first.moves[0]["group"]] == first.moves[0]["to"]
+    done = table.record_batch(11, ran, {0: 50}, 900)
+    assert done and done[0][1].verified and done[0][1].batch_duration_ms == 900
+    second = table.due_moves(12)
+    assert second is not None and second.applied_after_batch == 12
+    # The moved group ran somewhere else: the step and the migration fail, with why.
+    wrong = "1" if second.moves[0]["to"] == "0" else "0"
+    table.record_batch(13, {second.moves[0]["group"]: wrong}, {}, 800)
+    assert m.done.is_set() and not m.verified and "ran on" in m.failed
+    assert table.snapshot() == ["1", "0", "0", "1"]
+
+
+def test_repair_moves_groups_of_a_lost_executor_to_the_least_loaded() -> None:
+    table = elastic.RoutingTable(6)
+    table.adopt(["0", "0", "1", "1", "2", "2"])
+    assert table.repair(["0", "1"]) == [4, 5]
+    assert sorted(table.snapshot().count(e) for e in ("0", "1")) == [3, 3]
+
+
+# ------------------------------------------------------------------- state files
+def _touch(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x" * size)
+
+
+def test_group_state_on_the_hdfs_layout(tmp_path: Path) -> None:
+    g = tmp_path / "state" / "0" / "3"
+    for v, size in ((1, 100), (2, 10), (3, 20), (4, 30)):
+        _touch(g / f"{v}.delta", size)
+    assert placement.group_state(tmp_path, 3).bytes_to_load == 160  # no snapshot: all
+    _touch(g / "3.snapshot", 500)
+    st = placement.group_state(tmp_path, 3)
+    assert (st.version, st.snapshot_version, st.bytes_to_load) == (4, 3, 530)
+    assert placement.group_state(tmp_path, 7).bytes_to_load == 0  # no state yet
+
+
+def test_group_state_on_the_rocksdb_layout(tmp_path: Path) -> None:
+    g = tmp_path / "state" / "0" / "0"
+    for v in range(1, 6):
+        _touch(g / f"{v}.changelog", 10 * v)
+    _touch(g / "SSTs" / "000008-abc.sst", 4000)
+    g.mkdir(parents=True, exist_ok=True)
+    meta = {"sstFiles": [{"localFileName": "000008.sst", "dfsSstFileName": "000008-abc.sst",
+                          "sizeBytes": 4000}], "numKeys": 1234}
+    with zipfile.ZipFile(g / "3.zip", "w") as z:
+        z.writestr("metadata", "v1\n" + json.dumps(meta))
+    st = placement.group_state(tmp_path, 0)
+    zip_size = (g / "3.zip").stat().st_size
+    assert st.snapshot_version == 3 and st.keys_at_snapshot == 1234
+    assert st.bytes_to_load == zip_size + 4000 + 40 + 50  # snapshot + SST + changelogs 4, 5
+
+
+def test_locations_parse_like_spark_prints_them() -> None:
+    assert placement.parse_location("executor_127.0.0.1_12") == ("127.0.0.1", "12")
+    assert placement.parse_location("executor_host_with_under_7") == ("host_with_under", "7")
+    assert placement.parse_location("127.0.0.1") is None
+    assert placement.state_root("/tmp/x/../ck") == f"file:{Path('/tmp/ck').resolve()}/state"
+
+
+# ---------------------------------------------------------------- frequency, power
+def _fake_cpufreq(root: Path, cpus: int = 2, userspace: bool = True) -> Path:
+    for c in range(cpus):
+        d = root / f"cpu{c}" / "cpufreq"
+        d.mkdir(parents=True)
+        (d / "scaling_available_frequencies").write_text("2400000 2000000 1600000 1200000\n")
+        (d / "scaling_available_governors").write_text(
+            "performance powersave" + (" userspace" if userspace else "") + "\n")
+        (d / "scaling_governor").write_text("performance\n")
+        if userspace:
+            (d / "scaling_setspeed").write_text("<unsupported>\n")
+        (d / "scaling_min_freq").write_text("1200000\n")
+        (d / "scaling_max_freq").write_text("2400000\n")
+        (d / "scaling_cur_freq").write_text("2400000\n")
+    return root
+
+
+def test_cpufreq_userspace_governor_on_a_fake_tree(tmp_path: Path) -> None:
+    root = _fake_cpufreq(tmp_path)
+    assert frequency.CpufreqActuator.usable(root)
+    act = frequency.CpufreqActuator(root)
+    assert act.frequencies() == (1.2, 1.6, 2.0, 2.4)
+    assert act.set(1.7) == 1.6  # nearest settable
+    for c in (0, 1):
+        d = root / f"cpu{c}" / "cpufreq"
+        assert (d / "scaling_governor").read_text() == "userspace"
+        assert (d / "scaling_setspeed").read_text() == "1600000"
+    with pytest.raises(frequency.FrequencyError, match="outside"):
+        act.set(3.0)
+    act.restore()
+    assert (root / "cpu0" / "cpufreq" / "scaling_governor").read_text().strip() == "performance"
+
+
+def test_cpufreq_without_userspace_caps_scaling_max_freq(tmp_path: Path) -> None:
+    root = _fake_cpufreq(tmp_path, userspace=False)
+    act = frequency.CpufreqActuator(root)
+    assert act.set(1.2) == 1.2
+    d = root / "cpu1" / "cpufreq"
+    assert d.joinpath("scaling_max_freq").read_text() == "1200000"
+    assert d.joinpath("scaling_governor").read_text().strip() == "performance"
+    act.restore()
+    assert d.joinpath("scaling_max_freq").read_text().strip() == "2400000"
+
+
+def test_a_cpufreq_write_that_fails_is_a_clear_error(tmp_path: Path) -> None:
+    """A write the kernel refuses (here: the file is a directory, which fails even for
+    root) becomes one line naming the file, and nothing else was changed."""
+    root = _fake_cpufreq(tmp_path, cpus=1, userspace=False)
+    target = root / "cpu0" / "cpufreq" / "scaling_max_freq"
+    target.unlink()
+    target.mkdir()
+    with pytest.raises(frequency.FrequencyError, match="cannot write .*scaling_max_freq"):
+        frequency.CpufreqActuator(root).set(1.6)
+
+
+def test_no_cpufreq_means_emulation(tmp_path: Path) -> None:
+    assert not frequency.CpufreqActuator.usable(tmp_path)
+    act = frequency.choose_actuator("app-none", 2.0, root=tmp_path)
+    assert isinstance(act, frequency.DutyCycleThrottle)
+    assert act.frequencies() == (1.2, 1.4, 1.6, 1.8, 2.0)
+    # f_max read as 2.59615 GHz is offered as 2.6, and 2.6 must then be settable.
+    odd = frequency.DutyCycleThrottle(lambda: [], 2.59615)
+    assert max(odd.frequencies()) == 2.6 and odd.set(2.6) == 2.596
+    with pytest.raises(frequency.FrequencyError, match="outside"):
+        odd.set(2.7)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
+    """A busy loop gets ~f/f_max of the CPU while throttled, all of it after."""
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        throttle = frequency.DutyCycleThrottle(lambda: [child.pid], f_max_ghz=2.0,
+                                               period_s=0.02)
+        assert throttle.set(1.0) == 1.0
+        c0, t0 = _cpu_seconds(child.pid), time.monotonic()
+        time.sleep(2.0)
+        throttled = (_cpu_seconds(child.pid) - c0) / (time.monotonic() - t0)
+        throttle.set(2.0)  # back to f_max: the loop ends and the process runs freely
+        c1, t1 = _cpu_seconds(child.pid), time.monotonic()
+        time.sleep(1.0)
+        free = (_cpu_seconds(child.pid) - c1) / (time.monotonic() - t1)
+        state = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    finally:
+        child.kill()
+    assert 0.3 <= throttled / free <= 0.7, (throttled, free)
+    assert state != "T"  # never left stopped
+
+
+def _fake_rapl(root: Path, energy: int, max_range: int) -> Path:
+    zone = root / "intel-rapl:0"
+    zone.mkdir(parents=True, exist_ok=True)
+    (zone / "energy_uj").write_text(str(energy))
+    (zone / "max_energy_range_uj").write_text(str(max_range))
+    return zone
+
+
+def test_rapl_power_from_a_fake_powercap_tree_with_wraparound(tmp_path: Path) -> None:
+    zone = _fake_rapl(tmp_path, energy=999_000_000, max_range=1_000_000_000)
+    meter = power.PowerMeter(root=tmp_path)
+    assert meter.source == "measured"
+    time.sleep(0.2)
+    # The counter wrapped: 1,000,000 µJ to the top, then 1,000,000 µJ more.
+    (zone / "energy_uj").write_text(str(1_000_000))
+    reading = meter.read(workers=2, f_ghz=2.0)
+    assert reading.source == "measured"
+    assert 2.0 / 0.4 < reading.watts < 2.0 / 0.19  # 2 J over ~0.2 s
+
+
+def test_no_rapl_means_the_labelled_model(tmp_path: Path) -> None:
+    meter = power.PowerMeter(root=tmp_path)
+    reading = meter.read(workers=2, f_ghz=2.0)
+    assert meter.source == reading.source == "modelled"
+    assert reading.watts == pytest.approx(power.modelled_power(2, 2.0))
+    # Eq. 6.11: proportional to n, and growing faster than f (V rises with f).
+    assert power.modelled_power(4, 2.0) == pytest.approx(2 * reading.watts)
+    assert power.modelled_power(2, 1.2) < 0.6 * reading.watts
+
+
+# ------------------------------------------------------------------------ HFT kernel
+def test_fire_positions_match_a_brute_force_count() -> None:
+    for window, slide in ((5, 2), (4, 4), (10, 3), (2, 1)):
+        fired = [c for c in range(1, 60) if c >= window and (c - window) % slide == 0]
+        for before, after in ((0, 7), (3, 11), (0, 59), (20, 21), (13, 13)):
+            assert hft.fire_positions(before, after, window, slide) == \
+                [c for c in fired if before < c <= after]
+
+
+def test_window_stats_average_per_millisecond_then_fit() -> None:
+    ts = np.array([0.0001, 0.0004, 0.0012, 0.0025, 0.0031])  # buckets 0, 0, 1, 2, 3
+    prices = np.array([1.0, 3.0, 4.0, 6.0, 8.0])  # bucket means 2, 4, 6, 8: a line
+    buckets, mean, coef = hft.window_stats(ts, prices, degree=2)
+    assert buckets == 4 and mean == pytest.approx(5.0)
+    assert coef == pytest.approx([0.0, 2.0, 2.0], abs=1e-9)
+    # Fewer buckets than degree+1: a lower-degree fit, left-padded with zeros.
+    assert hft.window_stats(np.array([0.0, 0.0005]), np.array([2.0, 4.0]), 2)[2] == \
+        pytest.approx([0.0, 0.0, 3.0])
+
+
+# ------------------------------------------------------------------------- verifier
+def _fake_run(tmp_path: Path, doc: dict, ends: list[int], t0: float = 1.0e9) -> Path:
+    """A checkpoint's offset and commit logs plus the outputs a correct run keeps."""
+    spec = definition.validate(doc)
+    ck = tmp_path / "checkpoint"
+    (ck / "offsets").mkdir(parents=True)
+    (ck / "commits").mkdir()
+    for b, end in enumerate(ends):
+        (ck / "offsets" / str(b)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{{"offset": {end}}}')
+        (ck / "commits" / str(b)).write_text('v1\n{"nextBatchWatermarkMs":0}')
+    out = tmp_path / "output"
+    out.mkdir()
+    recs = workload.generate(spec.seed, 0, ends[-1], spec.schedule(), spec.key_distribution(), t0)
+    df = verify.apply_stateless(spec, recs)
+    for b, (lo, hi) in enumerate(pairwise([0, *ends])):
+        upto = df[df["seq"] < hi]
+        keys = np.unique(df[(df["seq"] >= lo) & (df["seq"] < hi)]["key"])
+        counts = upto.groupby("key").size()
+        rows = pd.DataFrame({"key": keys, "agg": counts.loc[keys].to_numpy(float),
+                             "records": counts.loc[keys].to_numpy(np.int64)})
+        rows.to_parquet(output_path(out, b))
+    return tmp_path
+
+
+COUNT_DOC = {"source": {"type": "generator", "seed": 9, "partitions": 2,
+                        "rate": {"kind": "constant", "records_per_s": 500},
+                        "keys": {"kind": "zipf", "n": 50, "s": 1.1}},
+             "operators": [{"type": "filter", "field": "value", "op": "<", "value": 900},
+                           {"type": "keyed_aggregate", "key": "key", "agg": "count"}],
+             "key_groups": 4}
+
+
+def test_the_verifier_accepts_a_correct_run_and_catches_every_fault(tmp_path: Path) -> None:
+    spec = definition.validate(COUNT_DOC)
+    run = _fake_run(tmp_path, COUNT_DOC, [300, 700, 1200])
+    ok = verify.verify(spec, 1.0e9, run / "checkpoint", run / "output")
+    assert ok.ok and ok.batches == 3 and ok.records == 1200, ok.problems
+
+    def broken(edit) -> verify.VerifyReport:
+        path = output_path(run / "output", 1)
+        original = pd.read_parquet(path)
+        edit(original.copy()).to_parquet(path)
+        try:
+            return verify.verify(spec, 1.0e9, run / "checkpoint", run / "output")
+        finally:
+            original.to_parquet(path)
+
+    lost = broken(lambda df: df.iloc[1:])
+    assert not lost.ok and lost.lost == 1
+    dup = broken(lambda df: pd.concat([df, df.iloc[:2]]))
+    assert not dup.ok and dup.duplicated == 2
+    wrong = broken(lambda df: df.assign(records=df["records"] + (df.index == 0)))
+    assert not wrong.ok and wrong.wrong == 1
+    extra = broken(lambda df: pd.concat([df, pd.DataFrame({"key": [10_000], "agg": [1.0],
+                                                           "records": [1]})]))
+    assert not extra.ok and extra.unexpected == 1
+    output_path(run / "output", 2).unlink()
+    gone = verify.verify(spec, 1.0e9, run / "checkpoint", run / "output")
+    assert not gone.ok and gone.missing_batches == [2]
+    # Spark purged the log's first batch: say the run cannot be checked, not "lost".
+    for log in ("offsets", "commits"):
+        (run / "checkpoint" / log / "0").unlink()
+    purged = verify.verify(spec, 1.0e9, run / "checkpoint", run / "output")
+    assert not purged.ok and "no longer holds batch 0" in purged.problems[0]
+
+
+def test_the_verifier_cli_says_why_it_cannot_read_a_run(tmp_path: Path, capsys) -> None:
+    assert verify.main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith("error: cannot read the run")
+
+
+# ------------------------------------------------------------------------ definitions
+def test_hft_window_and_state_store_validation() -> None:
+    spec = definition.validate(definition.HFT_DEFINITION)
+    assert spec.stateful.type == "hft_window" and spec.output_mode == "append"
+    assert (spec.stateful.window, spec.stateful.slide, spec.stateful.degree) == (1000, 25, 2)
+    bad = [({"state_store": "hdfs"}, "state_store"),
+           ({"operators": [{"type": "hft_window", "window": 10, "slide": 11}]},
+            "operators[0].slide"),
+           ({"operators": [{"type": "hft_window", "window": 1}]}, "operators[0].window"),
+           ({"sink": {"type": "latency", "keep_output": "yes"}}, "sink.keep_output")]
+    for change, where in bad:
+        with pytest.raises(definition.DefinitionError) as info:
+            definition.validate({**definition.HFT_DEFINITION, **change})
+        assert info.value.path == where
+    assert definition.validate(COUNT_DOC).state_store == "rocksdb"
