@@ -6,6 +6,7 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 
 from control import forecasting as fc
@@ -141,6 +142,27 @@ def test_saturated_configurations_still_give_a_plan() -> None:
     assert json.loads(json.dumps(decision.as_dict()))["trajectory"][0]["latency_s"] is None
     with pytest.raises(ValueError, match="solver must be one of"):
         mpc.decide(problem, "annealing")
+
+
+@pytest.mark.parametrize("solver", ["dp", "bnb", "exhaustive"])
+def test_a_slow_plan_always_beats_a_saturated_one(solver) -> None:
+    # 1 worker saturated (rho 1.5), 2 workers at rho 0.75 but predicted 62 s against a
+    # 0.5 s bound (feedback 4): exp(124) once outweighed INFEASIBLE·rho, and a live run
+    # under a rate step was scaled down.
+    problem = mpc.MpcProblem(worker_options=(1, 2), freq_options=(2.0,),
+                             current=mpc.Config(2, 2.0), rate_forecast=(15_000.0, 15_000.0),
+                             comp_time_s=1e-4, f_measured=2.0, feedback=4.0,
+                             latency_model="microbatch", batch_overhead_s=2.0,
+                             latency_bound_s=0.5)
+    decision = mpc.decide(problem, solver)
+    assert decision.chosen == mpc.Config(2, 2.0)
+    assert decision.trajectory[0].latency_s == pytest.approx(4 * 1.95 * 2.0 / 0.25)
+    # Past the cap the latency cost still rises, continuously, and stays below saturation.
+    ratios = np.array([0.5, 19.9, 20.0, 20.1, 100.0, 1e6, np.inf])
+    costs = mpc.latency_qos(2.0, ratios)
+    assert np.all(np.diff(costs) >= 0) and costs[2] == pytest.approx(mpc.latency_qos(2.0, 20.0))
+    assert mpc.latency_qos(2.0, 20.0 + 1e-9) == pytest.approx(costs[2])
+    assert costs[-1] < mpc.saturated_qos(2.0, 1.0)
 
 
 def test_the_power_budget_is_hard_and_microbatch_latency_follows_the_model() -> None:

@@ -22,8 +22,14 @@ one least over it.
 
 Configurations with rho >= 1 have no finite Kingman latency; the thesis does not say how
 to cost them. Here they cost ``INFEASIBLE`` times rho (so a less overloaded one ranks
-first by a margin no resource cost can outweigh) — finite, so every solver always returns a plan, and an operator sees a
-saturated prediction instead of no decision.
+first by a margin no resource cost can outweigh) — finite, so every solver always returns
+a plan, and an operator sees a saturated prediction instead of no decision. Saturation
+must also cost more than any configuration that is *not* saturated, however slow:
+exp(R_Q/delta) alone passes INFEASIBLE at R_Q/delta ~ 21 (a near-saturated plan with a
+large feedback factor), and the controller then preferred the saturated plan — it scaled
+a live run *down* under a rate step. So past ``LATENCY_EXP_CAP`` the latency cost keeps
+rising but stays below 2·alpha·e^cap (``latency_qos``), and saturation costs
+alpha·e^cap·(2 + rho) on top of INFEASIBLE·rho.
 
 Three exact solvers return the same optimum:
 
@@ -47,10 +53,29 @@ import numpy as np
 from control import sysmodel as sm
 
 INFEASIBLE = 1e9
+LATENCY_EXP_CAP = 20.0
 OVER_BUDGET = 1e15
 QOS_KINDS = ("throughput", "latency", "throughput_exp")
 LATENCY_MODELS = ("kingman", "microbatch")
 RESOURCE_KINDS = ("node", "power")
+
+
+def latency_qos(alpha: float, ratio: Any) -> Any:
+    """Eq. 6.14's alpha·exp(R_Q/delta) up to ``LATENCY_EXP_CAP``; past it
+    alpha·e^cap·(2 - cap/x): continuous, still increasing, and below 2·alpha·e^cap, which
+    ``saturated_qos`` exceeds. Works on floats and numpy arrays."""
+    x = np.maximum(ratio, 0.0)
+    capped = np.minimum(x, LATENCY_EXP_CAP)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        beyond = 2.0 - LATENCY_EXP_CAP / np.maximum(x, LATENCY_EXP_CAP)
+    out = alpha * np.where(x <= LATENCY_EXP_CAP, np.exp(capped),
+                           math.exp(LATENCY_EXP_CAP) * beyond)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def saturated_qos(alpha: float, rho: Any) -> Any:
+    """rho >= 1: above every unsaturated latency cost, and a less overloaded plan first."""
+    return INFEASIBLE * rho + alpha * math.exp(LATENCY_EXP_CAP) * (2.0 + rho)
 
 
 @dataclass(frozen=True)
@@ -184,13 +209,13 @@ def predict(problem: MpcProblem, u: Config, rate: float) -> tuple[float, float, 
             t_s_ideal, problem.utilisation_margin * t_a, problem.ca2, problem.cs2)
     power = problem.power.power(u.workers, u.freq_ghz)
     if rho >= sm.SATURATED:
-        qos = INFEASIBLE * rho
+        qos = saturated_qos(problem.alpha, rho)
     elif problem.qos == "throughput":
         qos = problem.alpha * (t_s if math.isfinite(t_s) else t_s_ideal) / problem.time_unit_s
     elif problem.qos == "throughput_exp":
         qos = problem.alpha * math.exp(rho)
     else:
-        qos = problem.alpha * math.exp(min(latency / problem.latency_bound_s, 700.0))
+        qos = latency_qos(problem.alpha, latency / problem.latency_bound_s)
     return rho, throughput, latency, power, qos
 
 
@@ -255,8 +280,8 @@ def stage_costs(problem: MpcProblem) -> np.ndarray:
             else:
                 wq = rho / (1.0 - rho) * (problem.ca2 + problem.cs2) / 2.0 * t_s_ideal
                 latency = t + problem.feedback * np.where(np.isinf(t_a), 0.0, wq)
-            qos = problem.alpha * np.exp(np.minimum(latency / problem.latency_bound_s, 700.0))
-        qos = np.where(rho >= sm.SATURATED, INFEASIBLE * rho, qos)
+            qos = latency_qos(problem.alpha, latency / problem.latency_bound_s)
+        qos = np.where(rho >= sm.SATURATED, saturated_qos(problem.alpha, rho), qos)
     return qos + resource[None, :]
 
 
