@@ -120,12 +120,14 @@ def send_and_wait(run: Run, command: str, args: dict, actor: str) -> tuple[bool,
                    f"{settings.COMMAND_ACK_TIMEOUT_S:.0f}s")
         actions.record_event(run, "reconfigure_timeout", WORKER, message, changes)
         return False, message
-    actions.record_event(run, "reconfigured" if ack["ok"] else "reconfigure_failed", "runner",
-                         ack["message"], {**ack, "requested_by": actor})
+    # The new configuration first, then its audit event: whoever sees "reconfigured"
+    # (the page, a test, the controller) must find the run already changed.
     if ack["ok"] and command == "set_workers":
         actions.update_config(run, workers=ack.get("workers", args.get("workers")))
     elif ack["ok"] and command == "set_frequency":
         actions.update_config(run, frequency_ghz=ack["ghz"], frequency_source=ack["source"])
+    actions.record_event(run, "reconfigured" if ack["ok"] else "reconfigure_failed", "runner",
+                         ack["message"], {**ack, "requested_by": actor})
     return bool(ack["ok"]), ack["message"]
 
 

@@ -139,6 +139,17 @@ def operator(transactional_db: Any) -> Any:
     return User.objects.create_superuser("operator", "op@example.com", "op-pass-123")
 
 
+@pytest.fixture
+def local_operator(db: Any) -> Any:
+    """A superuser inside the test's own transaction, for tests without the live stack:
+    their runs stay invisible to a live stack left up by earlier tests (its control
+    dispatcher would tick them), and on-commit hooks never queue real Celery tasks for
+    runs that have no runner."""
+    from django.contrib.auth.models import User
+
+    return User.objects.create_superuser("operator", "op@example.com", "op-pass-123")
+
+
 SMALL_DEFINITION = {
     "source": {"type": "generator", "seed": 3, "partitions": 2,
                "rate": {"kind": "constant", "records_per_s": 800},

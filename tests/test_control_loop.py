@@ -42,16 +42,6 @@ def _publish(run, batches: range, rate: float, duration: float = 1.0) -> None:
 
 
 @pytest.fixture
-def operator(db):
-    """A user in this test's own transaction (not conftest's committed one): the runs
-    made with it stay invisible to a live stack's control dispatcher (celery beat,
-    every second), which would otherwise tick them under the test's feet."""
-    from django.contrib.auth.models import User
-
-    return User.objects.create_user("loop-operator", "loop@example.com", "op-pass-123")
-
-
-@pytest.fixture
 def clean_bus():
     import redis
 
@@ -62,12 +52,12 @@ def clean_bus():
 
 
 @pytest.mark.django_db
-def test_ticks_store_decisions_and_keep_the_controller(operator, clean_bus) -> None:
+def test_ticks_store_decisions_and_keep_the_controller(local_operator, clean_bus) -> None:
     from control import loop
     from control.models import Decision
 
-    run = _run(operator)
-    loop.set_dry_run(run, True, operator)
+    run = _run(local_operator)
+    loop.set_dry_run(run, True, local_operator)
     assert loop.tick(run) is None  # no batch yet: nothing to decide on
     _publish(run, range(0, 6), rate=800)
     first = loop.tick(run)
@@ -85,11 +75,11 @@ def test_ticks_store_decisions_and_keep_the_controller(operator, clean_bus) -> N
 
 
 @pytest.mark.django_db
-def test_a_tick_never_overlaps_and_waits_for_a_pending_reconfiguration(operator,
+def test_a_tick_never_overlaps_and_waits_for_a_pending_reconfiguration(local_operator,
                                                                       clean_bus) -> None:
     from control import loop
 
-    run = _run(operator)
+    run = _run(local_operator)
     _publish(run, range(0, 6), rate=800)
     r = loop.launch.run_bus(run).r
     r.set(loop._key(run, "lock"), "1")
@@ -104,13 +94,13 @@ def test_a_tick_never_overlaps_and_waits_for_a_pending_reconfiguration(operator,
 
 
 @pytest.mark.django_db
-def test_alerts_are_audited_when_the_budget_binds(operator, clean_bus) -> None:
+def test_alerts_are_audited_when_the_budget_binds(local_operator, clean_bus) -> None:
     from control import loop
     from pipelines.runtime import power
 
-    run = _run(operator, power_budget_w=power.modelled_power(1, 2.0) + 0.01,
+    run = _run(local_operator, power_budget_w=power.modelled_power(1, 2.0) + 0.01,
                violation_steps=1)
-    loop.set_dry_run(run, True, operator)
+    loop.set_dry_run(run, True, local_operator)
     _publish(run, range(0, 8), rate=40_000, duration=6.0)
     d = loop.tick(run)
     assert d.chosen_workers == 1  # 2 workers would break the budget
@@ -119,11 +109,11 @@ def test_alerts_are_audited_when_the_budget_binds(operator, clean_bus) -> None:
 
 
 @pytest.mark.django_db
-def test_a_policy_the_loop_cannot_run_is_refused_once_with_why(operator, clean_bus) -> None:
+def test_a_policy_the_loop_cannot_run_is_refused_once_with_why(local_operator, clean_bus) -> None:
     from control import loop
     from control.models import Policy
 
-    run = _run(operator)
+    run = _run(local_operator)
     Policy.objects.filter(pk=run.policy_id).update(strategy_params={"horizon": 9})
     run.refresh_from_db()
     _publish(run, range(0, 4), rate=800)
@@ -133,10 +123,10 @@ def test_a_policy_the_loop_cannot_run_is_refused_once_with_why(operator, clean_b
 
 
 @pytest.mark.django_db
-def test_due_runs_follow_the_control_step(operator, clean_bus) -> None:
+def test_due_runs_follow_the_control_step(local_operator, clean_bus) -> None:
     from control import loop
 
-    run = _run(operator)
+    run = _run(local_operator)
     assert run in loop.due_runs(now=5_000.0)
     loop.launch.run_bus(run).r.set(loop._key(run, "last"), 5_000.0)
     assert run not in loop.due_runs(now=5_001.0)

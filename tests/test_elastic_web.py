@@ -18,10 +18,10 @@ def _run(user, status="running", **fields):
 
 
 @pytest.mark.django_db
-def test_runner_events_update_the_run_and_read_well(operator) -> None:
+def test_runner_events_update_the_run_and_read_well(local_operator) -> None:
     from pipelines.relay import apply_runner_event
 
-    run = _run(operator, status="starting")
+    run = _run(local_operator, status="starting")
     apply_runner_event(run.pk, "1-0", {"type": "query_started", "workers": 1, "key_groups": 4,
                                        "frequency_source": "cpuinfo",
                                        "frequencies": [1.2, 1.6, 2.0]})
@@ -45,10 +45,10 @@ def test_runner_events_update_the_run_and_read_well(operator) -> None:
 
 
 @pytest.mark.django_db
-def test_group_fields_travel_from_the_runner_record_to_the_db_and_back(operator) -> None:
+def test_group_fields_travel_from_the_runner_record_to_the_db_and_back(local_operator) -> None:
     from pipelines import actions
 
-    run = _run(operator)
+    run = _run(local_operator)
     record = {"batch_id": 7, "t": 1.8e9, "workers": 2, "records": 10, "input_rows": 10,
               "placement": ["0", "3", "0", "3"], "ran_on": ["0", "3", "0", "0"],
               "group_bytes": [1, 2, 3, 4], "group_ms": [5, 6, 7, 8],
@@ -66,16 +66,16 @@ def test_group_fields_travel_from_the_runner_record_to_the_db_and_back(operator)
 
 
 @pytest.mark.django_db
-def test_reconfiguration_forms_say_what_is_wrong_and_audit_what_is_right(operator) -> None:
+def test_reconfiguration_forms_say_what_is_wrong_and_audit_what_is_right(local_operator) -> None:
     from pipelines.models import RunEvent
 
     from pipelines import actions
 
-    run = _run(operator, frequencies=[1.2, 2.0], key_groups=4)
+    run = _run(local_operator, frequencies=[1.2, 2.0], key_groups=4)
     actions.store_samples(run.pk, [actions.sample_from_record(
         {"batch_id": 3, "t": 1.8e9, "workers": 2, "placement": ["0", "3", "0", "3"]})])
     client = Client()
-    client.force_login(operator)
+    client.force_login(local_operator)
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert 'id="placement"' in page and 'id="rebalance"' in page and "settable: 1.2, 2.0" in page
 
