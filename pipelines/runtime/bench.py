@@ -310,6 +310,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--loop-seconds needs four whole numbers")
         if not 2 <= args.groups <= 256 or args.rate <= 0 or min(keys) < 1 or args.steady < 2:
             raise ValueError("need 2 <= groups <= 256, rate > 0, keys >= 1, steady >= 2")
+        if args.capacity is not None and (args.capacity <= 0 or not args.bound_ms):
+            raise ValueError("--capacity needs --bound-ms too (the default bound comes from "
+                             "the calibration's batch overhead), and must be > 0")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -375,7 +378,8 @@ def calibrate(master: str, work: Path, redis_url: str, groups: int,
     # a wide range: measured here, 3K-15K records/s changed a batch's time less than
     # the warm-up drift did (no slope), because one worker's fixed cost per batch
     # (~0.8-1.5 s) dwarfs its per-record cost at those rates.
-    rates = [5000.0] * 45 + [15000.0] * 20 + [30000.0] * 20 + [45000.0] * 20
+    # 30 s per load: at 20 s a run once left only 5 batches past the warm-up to fit.
+    rates = [5000.0] * 45 + [15000.0] * 30 + [30000.0] * 30 + [45000.0] * 30
     model = BatchModel()
     with RunnerProcess(work / "calibrate", master, loop_definition(rates, groups, keys),
                        redis_url,
@@ -509,12 +513,11 @@ def default_bound_ms(cal: dict[str, Any]) -> float:
     """A bound the trace can meet with 2 workers but not with 1 at its peak: one worker's
     modelled p95 at utilisation 0.6, (1 + q)·o/(1 − 0.6) with q = 0.95 (the loop's batch
     model, control/live.py). A fixed bound would be unreachable on a slower machine, whose
-    batch overhead o alone can exceed it. 1 s when only --capacity was given."""
+    batch overhead o alone can exceed it."""
     from control.live import LATENCY_QUANTILE
 
-    overhead = cal.get("overhead_s")
-    return (round(1000 * (1 + LATENCY_QUANTILE) * overhead / 0.4, -2) if overhead
-            else 1000.0)
+    overhead = cal["overhead_s"]
+    return round(1000 * (1 + LATENCY_QUANTILE) * overhead / 0.4, -2)
 
 
 def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
