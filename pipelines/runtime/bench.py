@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="closed-loop: strategies to run")
     ap.add_argument("--bound-ms", type=float, default=None,
                     help="closed-loop: p95 bound (default: one worker's modelled p95 at "
-                         "60 %% utilisation, from the calibration)")
+                         "70 %% utilisation, from the calibration)")
     ap.add_argument("--step-s", type=float, default=6.0, help="closed-loop: control step")
     ap.add_argument("--loop-seconds", default="40,90,60,120",
                     help="closed-loop: low, high, low, random-walk seconds")
@@ -398,7 +398,10 @@ def calibrate(master: str, work: Path, redis_url: str, groups: int,
             "capacity_rps": 1.0 / model.cost_s}
 
 
-LOOP_WARMUP_S = 40  # session start and the first batches happen on this part
+# Session start and the controller's warm-up (control.live.WARMUP_BATCHES batches, no
+# decision) happen on this part. It was 40 s once: with 3-5 s batches the warm-up then
+# lasted into the peak and every controller held one worker through it.
+LOOP_WARMUP_S = 120
 
 
 def loop_trace(capacity: float, peak_factor: float, low_s: int, high_s: int,
@@ -439,6 +442,11 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
         current = Config(run.metrics[-1]["workers"], max(freqs))
         run.wait_until(lambda: run.metrics[-1]["t"] >= run.t0 + LOOP_WARMUP_S - step_s,
                        LOOP_WARMUP_S + 60, "the end of the warm-up")
+        if run.metrics[-1]["batch_id"] < live.WARMUP_BATCHES:
+            raise HarnessError(
+                f"{strategy}: only {run.metrics[-1]['batch_id'] + 1} batches in the "
+                f"{LOOP_WARMUP_S} s warm-up, the controller needs {live.WARMUP_BATCHES} "
+                "before it decides: slower batches than this benchmark expects")
         seen = run.metrics[-1]["batch_id"]
         pending: list[str] = []
         end = run.t0 + len(rates)
@@ -511,13 +519,15 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
 
 def default_bound_ms(cal: dict[str, Any]) -> float:
     """A bound the trace can meet with 2 workers but not with 1 at its peak: one worker's
-    modelled p95 at utilisation 0.6, (1 + q)·o/(1 − 0.6) with q = 0.95 (the loop's batch
+    modelled p95 at utilisation 0.7, (1 + q)·o/(1 − 0.7) with q = 0.95 (the loop's batch
     model, control/live.py). A fixed bound would be unreachable on a slower machine, whose
-    batch overhead o alone can exceed it."""
+    batch overhead o alone can exceed it. At 0.6 (10.2 s here) 2 workers at the peak
+    broke it too: they measured 12-13 s p95 where the model says 8.6 s, because on 2
+    cores they share the CPU with the driver and the source."""
     from control.live import LATENCY_QUANTILE
 
     overhead = cal["overhead_s"]
-    return round(1000 * (1 + LATENCY_QUANTILE) * overhead / 0.4, -2)
+    return round(1000 * (1 + LATENCY_QUANTILE) * overhead / 0.3, -2)
 
 
 def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
