@@ -89,9 +89,13 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "ghz": run.frequency_ghz or (max(run.frequencies) if run.frequencies else None)})})
 
 
-@login_required
-@require_POST
-@permission_required("pipelines.change_run", raise_exception=True)
+def run_command(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A POST that changes a run: login, POST only, and the change_run permission."""
+    return login_required(require_POST(
+        permission_required("pipelines.change_run", raise_exception=True)(view)))
+
+
+@run_command
 def run_stop(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=pk)
     if run.is_terminal:
@@ -120,9 +124,7 @@ def _reconfigure(request: HttpRequest, run: Run, form: Any, what: str,
     return redirect("run-detail", pk=run.pk)
 
 
-@login_required
-@require_POST
-@permission_required("pipelines.change_run", raise_exception=True)
+@run_command
 def run_workers(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("policy"), pk=pk)
 
@@ -134,9 +136,7 @@ def run_workers(request: HttpRequest, pk: int) -> HttpResponse:
                         "workers can change", act)
 
 
-@login_required
-@require_POST
-@permission_required("pipelines.change_run", raise_exception=True)
+@run_command
 def run_rebalance(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=pk)
 
@@ -149,9 +149,7 @@ def run_rebalance(request: HttpRequest, pk: int) -> HttpResponse:
                         act)
 
 
-@login_required
-@require_POST
-@permission_required("pipelines.change_run", raise_exception=True)
+@run_command
 def run_move_groups(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=pk)
 
@@ -166,9 +164,7 @@ def run_move_groups(request: HttpRequest, pk: int) -> HttpResponse:
     return _reconfigure(request, run, form, "its key groups can move", act)
 
 
-@login_required
-@require_POST
-@permission_required("pipelines.change_run", raise_exception=True)
+@run_command
 def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=pk)
 
@@ -180,9 +176,7 @@ def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
                         "its frequency can change", act)
 
 
-@login_required
-@require_POST
-@permission_required("pipelines.change_run", raise_exception=True)
+@run_command
 def run_dry_run(request: HttpRequest, pk: int) -> HttpResponse:
     """The dry-run switch: the controller keeps deciding and showing, but does not act."""
     from control import loop
