@@ -491,6 +491,7 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
                           "backlog": obs["backlog"], "workers": obs["workers"],
                           "freq_ghz": obs["freq_ghz"], "power_w": obs["power_w"],
                           "batch_s": obs["batch_s"], "action": decision.action,
+                          "chosen": decision.chosen,
                           "outcome": outcome, "alerts": decision.alerts,
                           "rebalance": decision.inputs.get("rebalance"),
                           "predicted_latency_s": decision.predictions[0]["latency_s"],
