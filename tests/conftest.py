@@ -132,11 +132,15 @@ def _end_other_sessions(django_db_blocker: Any) -> None:
                        "WHERE datname = current_database() AND pid <> pg_backend_pid()")
 
 
-@pytest.fixture
-def operator(transactional_db: Any) -> Any:
+def _create_operator() -> Any:
     from django.contrib.auth.models import User
 
     return User.objects.create_superuser("operator", "op@example.com", "op-pass-123")
+
+
+@pytest.fixture
+def operator(transactional_db: Any) -> Any:
+    return _create_operator()
 
 
 @pytest.fixture
@@ -145,9 +149,7 @@ def local_operator(db: Any) -> Any:
     their runs stay invisible to a live stack left up by earlier tests (its control
     dispatcher would tick them), and on-commit hooks never queue real Celery tasks for
     runs that have no runner."""
-    from django.contrib.auth.models import User
-
-    return User.objects.create_superuser("operator", "op@example.com", "op-pass-123")
+    return _create_operator()
 
 
 SMALL_DEFINITION = {

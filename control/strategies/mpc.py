@@ -66,8 +66,7 @@ def latency_qos(alpha: float, ratio: Any) -> Any:
     ``saturated_qos`` exceeds. Works on floats and numpy arrays."""
     x = np.maximum(ratio, 0.0)
     capped = np.minimum(x, LATENCY_EXP_CAP)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        beyond = 2.0 - LATENCY_EXP_CAP / np.maximum(x, LATENCY_EXP_CAP)
+    beyond = 2.0 - LATENCY_EXP_CAP / np.maximum(x, LATENCY_EXP_CAP)
     out = alpha * np.where(x <= LATENCY_EXP_CAP, np.exp(capped),
                            math.exp(LATENCY_EXP_CAP) * beyond)
     return float(out) if np.ndim(out) == 0 else out
