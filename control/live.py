@@ -133,6 +133,25 @@ class LiveDecision:
         return json_safe(asdict(self))
 
 
+def reconfiguration_commands(current: dict[str, Any], chosen: dict[str, Any], action: str,
+                             rebalance: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
+    """The runner commands that carry out a decision, in the order they must run: workers
+    first (the runner re-plans the placement for them), then the frequency, or a
+    rebalance's moves. ``current`` is the decision's own (a read-only frequency already
+    snapped to a settable one), so a rounding difference never becomes a command."""
+    commands: list[tuple[str, dict[str, Any]]] = []
+    if chosen["workers"] != current["workers"]:
+        commands.append(("set_workers", {"workers": chosen["workers"]}))
+    if not math.isclose(chosen["freq_ghz"], current["freq_ghz"], abs_tol=1e-6):
+        commands.append(("set_frequency", {"ghz": chosen["freq_ghz"]}))
+    if action == "rebalance" and rebalance:
+        # Exactly the moves the decision shows (the runner would re-plan on its own,
+        # slightly different load window), paced one batch of groups per step.
+        commands.append(("move_groups", {"moves": rebalance["moves"],
+                                         "schedule": REBALANCE_SCHEDULE}))
+    return commands
+
+
 def json_safe(value: Any) -> Any:
     """JSON-safe: NaN/inf become None (a saturated prediction has no finite latency)."""
     if isinstance(value, float):

@@ -46,21 +46,14 @@ def apply_decision(decision_id: int) -> str:
         return "not running"
     messages, ok = [], True
     actor = f"controller (decision {decision.step})"
-    if decision.chosen_workers != decision.current_workers:
-        done, msg = send_and_wait(run, "set_workers", {"workers": decision.chosen_workers},
-                                  actor)
-        ok, messages = ok and done, messages + [msg]
-    if ok and abs(decision.chosen_freq_ghz - decision.current_freq_ghz) > 1e-9:
-        done, msg = send_and_wait(run, "set_frequency", {"ghz": decision.chosen_freq_ghz},
-                                  actor)
-        ok, messages = ok and done, messages + [msg]
-    plan = (decision.inputs or {}).get("rebalance")
-    if ok and decision.action == "rebalance" and plan:
-        # Exactly the moves the decision shows (the runner would re-plan on its own,
-        # slightly different load window); paced one batch of groups per step.
-        done, msg = send_and_wait(run, "move_groups",
-                                  {"moves": plan["moves"], "schedule": live.REBALANCE_SCHEDULE}, actor)
-        ok, messages = ok and done, messages + [msg]
+    for command, args in live.reconfiguration_commands(
+            {"workers": decision.current_workers, "freq_ghz": decision.current_freq_ghz},
+            {"workers": decision.chosen_workers, "freq_ghz": decision.chosen_freq_ghz},
+            decision.action, (decision.inputs or {}).get("rebalance")):
+        done, msg = send_and_wait(run, command, args, actor)
+        ok, messages = done, messages + [msg]
+        if not ok:  # a later command would act on a configuration that did not happen
+            break
     loop.finish(decision_id, ok, "; ".join(messages))
     return "; ".join(messages)
 

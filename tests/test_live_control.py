@@ -212,3 +212,19 @@ def test_the_controller_rebalances_when_it_holds_and_not_again_within_the_cooldo
     assert actions[-1] == "rebalance"
     assert "imbalance" in d.reason and d.inputs["rebalance"]["moves"]
     json.dumps(d.as_dict(), allow_nan=False)
+
+
+def test_a_decision_becomes_runner_commands_workers_first() -> None:
+    commands = live.reconfiguration_commands({"workers": 1, "freq_ghz": 2.45},
+                                             {"workers": 2, "freq_ghz": 2.2},
+                                             "scale+frequency", None)
+    assert commands == [("set_workers", {"workers": 2}), ("set_frequency", {"ghz": 2.2})]
+    # The same configuration up to float noise is no command; a rebalance is its moves.
+    assert live.reconfiguration_commands({"workers": 2, "freq_ghz": 2.45},
+                                         {"workers": 2, "freq_ghz": 2.45 + 1e-9},
+                                         "hold", None) == []
+    plan = {"moves": {"3": "1"}, "imbalance": 0.5}
+    assert live.reconfiguration_commands({"workers": 2, "freq_ghz": 2.0},
+                                         {"workers": 2, "freq_ghz": 2.0},
+                                         "rebalance", plan) == [
+        ("move_groups", {"moves": {"3": "1"}, "schedule": live.REBALANCE_SCHEDULE})]

@@ -473,17 +473,12 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
                 if pending:
                     outcome = "busy"  # the previous reconfiguration is still under way
                 else:
-                    chosen = decision.chosen
-                    if chosen["workers"] != current.workers:
-                        pending.append(run.bus.send_command("set_workers",
-                                                            workers=chosen["workers"]))
-                    if abs(chosen["freq_ghz"] - current.freq_ghz) > 1e-6:
-                        pending.append(run.bus.send_command("set_frequency",
-                                                            ghz=chosen["freq_ghz"]))
-                    if decision.action == "rebalance":
-                        pending.append(run.bus.send_command(
-                            "move_groups", moves=decision.inputs["rebalance"]["moves"],
-                            schedule=live.REBALANCE_SCHEDULE))
+                    # The decision's own current configuration, as apply_decision uses:
+                    # an acknowledged 2.445 GHz is the settable 2.45, not a change.
+                    pending += [run.bus.send_command(command, **args)
+                                for command, args in live.reconfiguration_commands(
+                                    decision.current, decision.chosen, decision.action,
+                                    decision.inputs.get("rebalance"))]
                     outcome = "applied"
             obs = decision.inputs
             steps.append({"t": decision.t - run.t0, "rate": obs["rate"],
