@@ -70,6 +70,26 @@ def spark_cluster() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
+def one_worker(spark_cluster: Any) -> Callable[[dict[str, Any]], Any]:
+    """Measure (once per pipeline shape, stored under var/) one worker's capacity and
+    batch overhead on this machine, for tests whose numbers must follow the machine's
+    speed rather than assume it: ``one_worker(definition) -> Calibration``."""
+    from django.conf import settings
+
+    from pipelines.runtime import calibration
+
+    def measure(definition: dict[str, Any]) -> Any:
+        shape = calibration.shape_of(definition)
+        return calibration.load_or_calibrate(
+            Path(settings.VAR_DIR) / "calibration" / f"{shape}.json",
+            spark_cluster.master_url, Path(settings.VAR_DIR) / "calibration" / shape,
+            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"), definition,
+            progress=lambda m: print(m, flush=True))
+
+    return measure
+
+
+@pytest.fixture(scope="session")
 def live_stack(django_db_setup: Any, django_db_blocker: Any,
                spark_cluster: Any) -> Iterator[Stack]:
     """Worker, beat, relay and daphne as separate processes on the test database."""

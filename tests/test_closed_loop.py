@@ -13,33 +13,33 @@ from selenium.common.exceptions import NoSuchElementException, StaleElementRefer
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from pipelines.runtime import calibration, definition
 from tests.conftest import stop_and_wait, wait_for
 from webapp.browser import headless_chromium, log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark]
 STALE = (StaleElementReferenceException, NoSuchElementException)
 
-# Low, then a step up to a rate one worker serves only with a p95 above the bound
-# (the model predicts two workers meet it), then back down.
-LOW, HIGH = 2_500, 22_000
-UP_AT, DOWN_AT = 70, 150
-RATE = {"kind": "step", "steps": [[0, LOW], [UP_AT, HIGH], [DOWN_AT, LOW]]}
-DEFINITION = {"source": {"type": "generator", "seed": 41, "partitions": 2, "rate": RATE,
-                         "keys": {"kind": "file",
-                                  "file": "elastic-hft/probability_distribution"}},
-              "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
-                             "field": "value"}],
-              "sink": {"type": "latency", "keep_output": True}, "key_groups": 4}
+# The seeded elastic demo's pipeline, whose rate steps around one worker's measured
+# capacity (see pipelines.runtime.definition.ELASTIC_DEFINITION).
+BASE = definition.ELASTIC_DEFINITION
 
 
-def _fill_policy(browser, params: str) -> None:
+def plan_for(cal) -> tuple[calibration.StepPlan, dict]:
+    plan = calibration.step_plan(cal)
+    doc = json.loads(json.dumps(BASE))
+    doc["source"]["rate"] = plan.rate()
+    return plan, doc
+
+
+def _fill_policy(browser, params: str, bound_ms: int) -> None:
     def field(name: str, value: str) -> None:
         el = browser.find_element(By.ID, f"id_{name}")
         el.clear()
         el.send_keys(value)
 
     field("name", "loop-mpc")
-    for name, value in (("latency_bound_ms", "4000"), ("power_budget_w", "40"),
+    for name, value in (("latency_bound_ms", str(bound_ms)), ("power_budget_w", "40"),
                         ("control_step_s", "4"), ("min_workers", "1"),
                         ("initial_workers", "1"), ("max_workers", "2")):
         field(name, value)
@@ -49,30 +49,35 @@ def _fill_policy(browser, params: str) -> None:
     browser.find_element(By.ID, "save-policy").click()
 
 
+# The calibration (once per CI run, ~2 min) and phases that stretch on a slow machine.
+@pytest.mark.timeout(1500)
 @pytest.mark.django_db(transaction=True)
-def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, operator) -> None:
+def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, operator,
+                                                                  one_worker) -> None:
     from control.models import Decision, Policy
     from pipelines import actions
     from pipelines.models import Pipeline, Run
-    from pipelines.runtime import definition, verify
+    from pipelines.runtime import verify
 
+    plan, doc = plan_for(one_worker(BASE))
+    print(f"closed loop: {plan}")
     browser = headless_chromium()
     try:
         base = live_stack.base_url
         log_in(browser, base, "operator", "op-pass-123")
         browser.get(base + "/policies/new/")
-        _fill_policy(browser, json.dumps({"horizon": 9}))
+        _fill_policy(browser, json.dumps({"horizon": 9}), plan.bound_ms)
         error = WebDriverWait(browser, 20, ignored_exceptions=STALE).until(
             lambda d: d.find_elements(By.CSS_SELECTOR, ".error[data-field=strategy_params]")
         )[0].text
         assert "horizon: must be <= 5, got 9" in error
         assert not Policy.objects.filter(name="loop-mpc").exists()
-        _fill_policy(browser, json.dumps({"horizon": 2}))
+        _fill_policy(browser, json.dumps({"horizon": 2}), plan.bound_ms)
         WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/policies/"))
         policy = Policy.objects.get(name="loop-mpc")
         assert (policy.strategy, policy.strategy_params) == ("lat-node", {"horizon": 2})
 
-        pipeline = actions.save_pipeline(Pipeline(name="loop-steps", definition=DEFINITION),
+        pipeline = actions.save_pipeline(Pipeline(name="loop-steps", definition=doc),
                                          operator)
         run = actions.create_run(pipeline, policy, operator)
         try:
@@ -96,13 +101,13 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
                     pytest.fail(f"the run never reached {n} workers; decisions: "
                                 f"{workers_seen()}")
 
-            # Step up at 70 s: the controller must go to 2 workers ...
-            wait_workers(2, 420)
+            # Step up at plan.up_at_s: the controller must go to 2 workers ...
+            wait_workers(2, plan.down_at_s + 120)
             up = Decision.objects.filter(run=run, chosen_workers=2).order_by("step").first()
             t0 = json.loads((Path(Run.objects.get(pk=run.pk).checkpoint_dir) / "t0")
                             .read_text())["t0"]
             assert up.action == "scale" and up.current_workers == 1
-            assert up.t - t0 >= UP_AT, ("scaled up before the rate stepped up", workers_seen())
+            assert up.t - t0 >= plan.up_at_s, ("scaled up before the rate stepped up", workers_seen())
             assert up.predictions and up.cost["total"] > 0 and up.solve_ms >= 0
             WebDriverWait(browser, 60, poll_frequency=1, ignored_exceptions=STALE).until(
                 lambda d: d.execute_script("return window.__streamwise.markers") >= 1
@@ -113,7 +118,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             assert "MAPE" in browser.find_element(By.ID, "model-error").text
             browser.save_screenshot(str(Path(live_stack.logs) / "closed-loop.png"))
 
-            # ... and back to 1 after the rate falls at 150 s.
+            # ... and back to 1 after the rate falls at plan.down_at_s.
             wait_workers(1, 360)
             down = Decision.objects.filter(run=run, action="scale", current_workers=2,
                                            chosen_workers=1).order_by("step").first()
@@ -123,7 +128,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
                      "the scale-down decision's outcome")
             down.refresh_from_db()
             assert down.action == "scale" and down.outcome == "applied", down.outcome_message
-            assert down.t - t0 >= DOWN_AT, ("scaled down before the rate fell", workers_seen())
+            assert down.t - t0 >= plan.down_at_s, ("scaled down before the rate fell", workers_seen())
             assert run.events.filter(kind="reconfigured", message__contains="workers").count() >= 2
         finally:
             # The decision trace, for reading a CI run afterwards.
@@ -133,7 +138,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
     finally:
         browser.quit()
     run.refresh_from_db()
-    report = verify.verify(definition.validate(DEFINITION),
+    report = verify.verify(definition.validate(doc),
                            json.loads((Path(run.checkpoint_dir) / "t0").read_text())["t0"],
                            Path(run.checkpoint_dir) / "checkpoint",
                            Path(run.checkpoint_dir) / "output")

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.runtime import cluster, definition, verify
+from pipelines.runtime import calibration, cluster, definition, verify
 from pipelines.runtime.harness import HarnessError, RunnerProcess
 
 SCHEDULES = ("all-at-once", "fluid", "batched")
@@ -368,36 +368,6 @@ def loop_definition(rates: list[float], groups: int, keys: int) -> dict[str, Any
             "sink": {"type": "latency", "keep_output": True}, "key_groups": groups}
 
 
-def calibrate(master: str, work: Path, redis_url: str, groups: int,
-              keys: int) -> dict[str, float]:
-    """One worker's capacity (records/s) from the batch model fitted at two loads."""
-    from control.live import WARMUP_BATCHES, BatchModel
-
-    # The first WARMUP_BATCHES are slower per record (Spark's start-up) and would steepen
-    # the slope: the low rate lasts long enough to leave them out. The loads must span
-    # a wide range: measured here, 3K-15K records/s changed a batch's time less than
-    # the warm-up drift did (no slope), because one worker's fixed cost per batch
-    # (~0.8-1.5 s) dwarfs its per-record cost at those rates.
-    # 30 s per load: at 20 s a run once left only 5 batches past the warm-up to fit.
-    rates = [5000.0] * 45 + [15000.0] * 30 + [30000.0] * 30 + [45000.0] * 30
-    model = BatchModel()
-    with RunnerProcess(work / "calibrate", master, loop_definition(rates, groups, keys),
-                       redis_url,
-                       max_workers=1, initial_workers=1, token="calib") as run:
-        run.wait_until(lambda: run.metrics and run.metrics[-1]["t"] > run.t0 + len(rates),
-                       400, "the calibration trace")
-        for m in run.metrics:
-            if m["batch_id"] >= WARMUP_BATCHES and not m.get("failed_tasks"):
-                model.add(m["input_rows"], m["batch_duration_ms"] / 1000, 1, 1.0, 1.0)
-    model.fit()
-    if not model.slope_measured:
-        raise HarnessError("calibration: batch times did not follow the batch size "
-                           f"over {len(model.history)} batches (no slope could be fitted); "
-                           "pass --capacity")
-    return {"overhead_s": model.overhead_s, "cost_per_record_s": model.cost_s,
-            "capacity_rps": 1.0 / model.cost_s}
-
-
 # Session start and the controller's warm-up (control.live.WARMUP_BATCHES batches, no
 # decision) happen on this part. It was 40 s once: with 3-5 s batches the warm-up then
 # lasted into the peak and every controller held one worker through it.
@@ -528,7 +498,9 @@ def default_bound_ms(cal: dict[str, Any]) -> float:
 
 def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     cal = ({"capacity_rps": args.capacity} if args.capacity
-           else calibrate(master, work, args.redis_url, 8, args.loop_keys))
+           else calibration.calibrate(master, work / "calibrate", args.redis_url,
+                                      loop_definition([1.0], 8, args.loop_keys),
+                                      log).to_json())
     log(f"closed loop: one worker's capacity {cal['capacity_rps']:.0f} records/s")
     low_s, high_s, down_s, walk_s = (int(x) for x in args.loop_seconds.split(","))
     rates = loop_trace(cal["capacity_rps"], 1.05, low_s, high_s, down_s, walk_s)

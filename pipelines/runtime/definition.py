@@ -405,3 +405,19 @@ HFT_DEFINITION: dict[str, Any] = {
     "key_groups": 8,
     "state_store": "rocksdb",
 }
+
+# The elastic demo (and the closed-loop test): a keyed count over 1M uniform keys, the
+# closed-loop benchmark's workload. Its state makes a record cost enough (~7 µs on one
+# 2-GHz core) that one worker saturates at a rate the generator makes easily; with the
+# 2,836 HFT symbols Spark folds a batch to a few rows per key and one worker serves any
+# rate. The rate here is a placeholder: the demo's rate steps around one worker's
+# capacity as measured on the machine that runs it (pipelines.runtime.calibration).
+ELASTIC_DEFINITION: dict[str, Any] = {
+    "source": {"type": "generator", "seed": 41, "partitions": 2,
+               "rate": {"kind": "constant", "records_per_s": 1000},
+               "keys": {"kind": "uniform", "n": 1_000_000}},
+    "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
+                   "field": "value"}],
+    "sink": {"type": "latency", "keep_output": True},
+    "key_groups": 4,
+}

@@ -1,17 +1,55 @@
+import json
 import secrets
+from pathlib import Path
+from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from control.models import Policy
 from pipelines import actions
 from pipelines.models import Pipeline
-from pipelines.runtime.definition import DEMO_DEFINITION, HFT_DEFINITION
+from pipelines.runtime import calibration
+from pipelines.runtime.definition import DEMO_DEFINITION, ELASTIC_DEFINITION, HFT_DEFINITION
 
 DEMO_PIPELINE = "hft-demo"
 HFT_PIPELINE = "hft-kernel"
 DEMO_POLICY = "demo-2s"
 MPC_POLICY = "demo-mpc"
+ELASTIC_PIPELINE = "elastic-demo"
+ELASTIC_POLICY = "demo-elastic"
+# Rate cycles in the demo pipeline (low, high, low), so that a run started at any time
+# shows a scale-up and a scale-down within its first cycle.
+DEMO_CYCLES, DEMO_REST_S = 6, 120
+
+
+def seed_elastic_demo(user: Any, cal: calibration.Calibration) -> tuple[Pipeline, Policy]:
+    """The demo that shows the product's main job: a rate that steps above one worker's
+    measured capacity and back, under a Lat-Node MPC that scales the run 1 -> 2 -> 1
+    workers (moving keyed state each time). Re-seeding after a new calibration makes a
+    new pipeline version and updates the policy's bound."""
+    plan = calibration.step_plan(cal)
+    doc = json.loads(json.dumps(ELASTIC_DEFINITION))
+    doc["source"]["rate"] = plan.rate(DEMO_CYCLES, DEMO_REST_S)
+    description = (
+        f"Keyed count over 1M uniform keys. Rate {plan.low_rps:,.0f} records/s, stepping to "
+        f"{plan.high_rps:,.0f} (90 % of one worker's measured capacity, "
+        f"{cal.capacity_rps:,.0f} records/s) from {plan.up_at_s} s to {plan.down_at_s} s "
+        f"after start, then back; {DEMO_CYCLES} cycles.")
+    pipeline = Pipeline.objects.filter(name=ELASTIC_PIPELINE).first()
+    if pipeline is None:
+        pipeline = Pipeline(name=ELASTIC_PIPELINE)
+    pipeline.definition, pipeline.description = doc, description
+    pipeline = actions.save_pipeline(pipeline, user)
+    policy, _ = Policy.objects.update_or_create(name=ELASTIC_POLICY, defaults={
+        "description": (f"Lat-Node MPC (Sw, h=2): p95 under {plan.bound_ms} ms (one worker's "
+                        "modelled p95 at 70 % utilisation, from the calibration) on 1-2 "
+                        "workers; scales the elastic demo up while its rate is high and "
+                        "back down after"),
+        "latency_bound_ms": plan.bound_ms, "throughput_floor_rps": 0, "power_budget_w": 40,
+        "control_step_s": 4, "min_workers": 1, "initial_workers": 1, "max_workers": 2,
+        "strategy": "lat-node", "strategy_params": {"horizon": 2}, "created_by": user})
+    return pipeline, policy
 
 
 class Command(BaseCommand):
@@ -21,6 +59,9 @@ class Command(BaseCommand):
         parser.add_argument("--admin", default="admin")
         parser.add_argument("--password", default=None,
                             help="admin password (default: a new random one, printed)")
+        parser.add_argument("--calibration", default=None,
+                            help="a stored calibration (JSON, from manage.py up): also seed "
+                                 f"the '{ELASTIC_PIPELINE}' demo from it")
 
     def handle(self, *args, **options):
         User = get_user_model()
@@ -52,5 +93,11 @@ class Command(BaseCommand):
             "latency_bound_ms": 4000, "throughput_floor_rps": 0, "power_budget_w": 40,
             "control_step_s": 4, "min_workers": 1, "initial_workers": 1, "max_workers": 2,
             "strategy": "lat-node", "strategy_params": {"horizon": 2}, "created_by": user})
+        if options["calibration"]:
+            cal = calibration.load(Path(options["calibration"]), ELASTIC_DEFINITION)
+            if cal is None:
+                raise CommandError(f"{options['calibration']}: no recent calibration of "
+                                   "the elastic demo's pipeline there")
+            seed_elastic_demo(user, cal)
         verb = "created" if created else "password reset"
         self.stdout.write(f"admin user '{user.username}' {verb}; password: {password}")

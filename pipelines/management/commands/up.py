@@ -1,7 +1,9 @@
 """Start the whole product on this machine and keep it in the foreground.
 
 Redis (a local one if none answers at REDIS_URL), migrations, the demo data, the
-embedded Spark standalone cluster, daphne, a Celery worker, celery beat and the relay.
+embedded Spark standalone cluster, one worker's capacity for the elastic demo (measured
+on the first start, then stored under var/calibration/), daphne, a Celery worker,
+celery beat and the relay.
 Ctrl-C (or SIGTERM) stops everything it started, by pid.
 """
 from __future__ import annotations
@@ -19,7 +21,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from pipelines.runtime import cluster
+from pipelines.runtime import calibration, cluster
+from pipelines.runtime.definition import ELASTIC_DEFINITION
+from pipelines.runtime.harness import HarnessError
 
 
 def redis_answers(url: str) -> bool:
@@ -82,6 +86,7 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from exc
             self.stdout.write(f"Spark master {self.cluster_info.master_url} "
                               f"(UI {self.cluster_info.master_web})")
+        self._seed_elastic_demo(var)
         py = sys.executable
         manage = str(Path(settings.BASE_DIR) / "manage.py")
         self._spawn("web", [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(options["port"]),
@@ -94,6 +99,33 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"\nStreamwise is up: http://127.0.0.1:{options['port']}/  (logs in {logs})\n"
             "Ctrl-C stops everything."))
+
+    def _seed_elastic_demo(self, var: Path) -> None:
+        """Measure one worker's capacity (first start only; ~2 min), then seed the
+        elastic demo from it, so that its rate step needs a second worker on this
+        machine, whatever its speed."""
+        from django.contrib.auth import get_user_model
+
+        from pipelines.management.commands.seed_demo import seed_elastic_demo
+
+        master = (self.cluster_info.master_url if self.cluster_info
+                  else settings.SPARK_MASTER_URL)
+        path = var / "calibration" / f"{calibration.shape_of(ELASTIC_DEFINITION)}.json"
+        if calibration.load(path, ELASTIC_DEFINITION) is None:
+            self.stdout.write("first start: measuring one Spark worker's capacity for the "
+                              "elastic demo (~2 min, once)…")
+        try:
+            cal = calibration.load_or_calibrate(path, master, var / "calibration",
+                                                settings.REDIS_URL, ELASTIC_DEFINITION,
+                                                progress=self.stdout.write)
+        except HarnessError as exc:
+            self.stderr.write(f"{exc}: the elastic demo is not seeded (runner log under "
+                              f"{var / 'calibration'})")
+            return
+        user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
+        pipeline, policy = seed_elastic_demo(user, cal)
+        self.stdout.write(f"elastic demo: pipeline '{pipeline.name}' under policy "
+                          f"'{policy.name}' ({pipeline.description})")
 
     def _spawn(self, name: str, args: list[str], logs: Path) -> None:
         out = open(logs / f"{name}.log", "ab")
