@@ -11,10 +11,11 @@ test:           ## the whole suite, on PostgreSQL and on SQLite
 BENCH_ENV = STREAMWISE_VAR=$(CURDIR)/var/bench REDIS_URL=redis://127.0.0.1:6379/13 \
 	DATABASE_URL=sqlite:///$(CURDIR)/var/bench/db.sqlite3
 
-bench:          ## push latency, sink vs Spark, MPC, planners, simulator, elastic runtime
+bench:          ## push latency, start-up time, sink vs Spark, MPC, planners, simulator, elastic runtime
 	bash .ci/bootstrap.sh --test
 	bash .ci/services.sh
 	$(BENCH_ENV) .venv/bin/python manage.py bench_push
+	$(BENCH_ENV) .venv/bin/python manage.py bench_start
 	$(BENCH_ENV) .venv/bin/python -m pipelines.bench
 	.venv/bin/python -m control bench-mpc --instances 10
 	.venv/bin/python -m control bench-planning

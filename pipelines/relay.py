@@ -37,6 +37,11 @@ def _mb(n: float | None) -> str:
 
 def describe(kind: str, e: dict[str, Any]) -> str:
     """One timeline line for a runner event (the payload keeps every detail)."""
+    if kind == "executors_ready":
+        released = e.get("released") or []
+        return (f"executors {', '.join(e.get('executors') or []) or '—'} ready"
+                + (f"; released {', '.join(released)} (launched up to the policy's maximum "
+                   f"of {e.get('max_workers')})" if released else ""))
     if kind == "migration_started":
         return (f"{e.get('strategy')} migration {e.get('migration_id')}: {e.get('groups')} "
                 f"groups, {_mb(e.get('bytes'))} in {e.get('steps')} steps ({e.get('reason')})")

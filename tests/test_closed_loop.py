@@ -1,11 +1,14 @@
-"""The closed loop on the real stack: an operator writes an MPC policy in the form (an
-invalid horizon is refused on its field), starts a Spark run under it, and watches the
-controller scale the run up when the rate steps up and back down after it falls, with
-every decision stored, pushed to the page and marked on the charts; the verifier then
-checks the run's output (nothing lost or duplicated across the reconfigurations)."""
+"""The closed loop on the real stack, as a newcomer meets it: the seeded elastic demo
+(its rate steps around one worker's capacity, measured on this machine) is started from
+the Start form under the seeded MPC policy; within 180 s the controller scales it 1 -> 2
+workers (a marker and a "1 → 2" decision on the page), then back down after the rate
+falls, every decision stored, pushed and marked; the verifier then checks the run's
+output (nothing lost or duplicated across the reconfigurations). Before that, the
+policy form refuses an invalid horizon on its field."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -20,16 +23,8 @@ from webapp.browser import headless_chromium, log_in
 pytestmark = [pytest.mark.browser, pytest.mark.spark]
 STALE = (StaleElementReferenceException, NoSuchElementException)
 
-# The seeded elastic demo's pipeline, whose rate steps around one worker's measured
-# capacity (see pipelines.runtime.definition.ELASTIC_DEFINITION).
-BASE = definition.ELASTIC_DEFINITION
-
-
-def plan_for(cal) -> tuple[calibration.StepPlan, dict]:
-    plan = calibration.step_plan(cal)
-    doc = json.loads(json.dumps(BASE))
-    doc["source"]["rate"] = plan.rate()
-    return plan, doc
+# Start -> the scale-up decision on the page (the issue's promise to a newcomer).
+SCALE_UP_WITHIN_S = 180
 
 
 def _fill_policy(browser, params: str, bound_ms: int) -> None:
@@ -55,11 +50,14 @@ def _fill_policy(browser, params: str, bound_ms: int) -> None:
 def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, operator,
                                                                   one_worker) -> None:
     from control.models import Decision, Policy
-    from pipelines import actions
-    from pipelines.models import Pipeline, Run
+    from pipelines.management.commands.seed_demo import seed_elastic_demo
+    from pipelines.models import Run
     from pipelines.runtime import verify
 
-    plan, doc = plan_for(one_worker(BASE))
+    cal = one_worker(definition.ELASTIC_DEFINITION)
+    plan = calibration.step_plan(cal)
+    pipeline, policy = seed_elastic_demo(operator, cal)
+    doc = pipeline.definition
     print(f"closed loop: {plan}")
     browser = headless_chromium()
     try:
@@ -74,14 +72,20 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
         assert not Policy.objects.filter(name="loop-mpc").exists()
         _fill_policy(browser, json.dumps({"horizon": 2}), plan.bound_ms)
         WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/policies/"))
-        policy = Policy.objects.get(name="loop-mpc")
-        assert (policy.strategy, policy.strategy_params) == ("lat-node", {"horizon": 2})
+        typed = Policy.objects.get(name="loop-mpc")
+        assert (typed.strategy, typed.strategy_params) == ("lat-node", {"horizon": 2})
 
-        pipeline = actions.save_pipeline(Pipeline(name="loop-steps", definition=doc),
-                                         operator)
-        run = actions.create_run(pipeline, policy, operator)
+        # The seeded demo, started as the README says: /runs/, pick, Start.
+        browser.get(f"{base}/runs/")
+        Select(browser.find_element(By.NAME, "pipeline")).select_by_value(str(pipeline.pk))
+        Select(browser.find_element(By.NAME, "policy")).select_by_value(str(policy.pk))
+        clicked = time.monotonic()
+        browser.find_element(By.CSS_SELECTOR, "form.card button[type=submit]").click()
+        WebDriverWait(browser, 30).until(lambda d: "/runs/" in d.current_url
+                                         and d.current_url.rstrip("/").split("/")[-1].isdigit())
+        run = Run.objects.get(pk=int(browser.current_url.rstrip("/").split("/")[-1]))
+        assert (run.policy_id, run.pipeline_version.pipeline_id) == (policy.pk, pipeline.pk)
         try:
-            browser.get(f"{base}/runs/{run.pk}/")
 
             def workers_seen() -> list[str]:
                 """Each decision in one line: for the failure message."""
@@ -102,7 +106,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
                                 f"{workers_seen()}")
 
             # Step up at plan.up_at_s: the controller must go to 2 workers ...
-            wait_workers(2, plan.down_at_s + 120)
+            wait_workers(2, SCALE_UP_WITHIN_S)
             up = Decision.objects.filter(run=run, chosen_workers=2).order_by("step").first()
             t0 = json.loads((Path(Run.objects.get(pk=run.pk).checkpoint_dir) / "t0")
                             .read_text())["t0"]
@@ -115,6 +119,14 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             rows = browser.find_elements(By.CSS_SELECTOR, "#decisions tbody tr")
             assert any("1 → 2" in r.text for r in rows), (
                 [r.text for r in rows[:3]], workers_seen()[-4:], browser.get_log("browser"))
+            shown_after = time.monotonic() - clicked
+            print(f"closed loop: scale-up marker and '1 → 2' on the page {shown_after:.0f} s "
+                  "after Start")
+            assert shown_after <= SCALE_UP_WITHIN_S, shown_after
+            # The start-up card went through every stage.
+            stages = browser.execute_script("return window.__streamwise.startup")
+            assert set(stages) >= {"created", "runner", "session", "executors", "query",
+                                   "batch"}, stages
             assert "MAPE" in browser.find_element(By.ID, "model-error").text
             browser.save_screenshot(str(Path(live_stack.logs) / "closed-loop.png"))
 

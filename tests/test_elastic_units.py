@@ -75,11 +75,32 @@ def test_routing_table_paces_steps_with_the_gap_and_verifies_them() -> None:
     assert done and done[0][1].verified and done[0][1].batch_duration_ms == 900
     second = table.due_moves(12)
     assert second is not None and second.applied_after_batch == 12
-    # The moved group ran somewhere else: the step and the migration fail, with why.
+    # The moved group ran somewhere else (Spark's delay scheduling gave up on a busy
+    # target): the step is checked again on the next batches ...
     wrong = "1" if second.moves[0]["to"] == "0" else "0"
-    table.record_batch(13, {second.moves[0]["group"]: wrong}, {}, 800)
+    for batch in range(13, 13 + elastic.STEP_RETRIES):
+        assert table.record_batch(batch, {second.moves[0]["group"]: wrong}, {}, 800) == []
+        assert not m.done.is_set() and second.retries == batch - 12
+    # ... and when it still runs elsewhere, the step and the migration fail, with why.
+    table.record_batch(13 + elastic.STEP_RETRIES, {second.moves[0]["group"]: wrong}, {}, 800)
     assert m.done.is_set() and not m.verified and "ran on" in m.failed
     assert table.snapshot() == ["1", "0", "0", "1"]
+
+
+def test_a_step_whose_group_ran_off_target_once_is_verified_on_the_next_batch() -> None:
+    table = elastic.RoutingTable(2)
+    table.adopt(["0", "1"])
+    m = elastic.Migration("retry", "all-at-once", 0, ["0", "0"],
+                          elastic.plan_steps(table.snapshot(), ["0", "0"], "all-at-once",
+                                             [1, 1]))
+    table.start(m)
+    step = table.due_moves(5)
+    assert step is not None
+    assert table.record_batch(6, {1: "1"}, {}, 3000) == []  # ran on its old executor
+    assert table.due_moves(6) is None and not m.done.is_set()
+    done = table.record_batch(7, {1: "0"}, {}, 900)
+    assert done and done[0][1].verified and done[0][1].retries == 1
+    assert m.done.is_set() and m.verified and not m.failed
 
 
 def test_repair_moves_groups_of_a_lost_executor_to_the_least_loaded() -> None:
@@ -204,18 +225,23 @@ def _cpu_seconds(pid: int) -> float:
 def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
     """A busy loop gets ~f/f_max of the CPU while throttled, all of it after."""
     child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+    def cpu_share(seconds: float) -> float:
+        c0, t0 = _cpu_seconds(child.pid), time.monotonic()
+        time.sleep(seconds)
+        return (_cpu_seconds(child.pid) - c0) / (time.monotonic() - t0)
+
     try:
         time.sleep(0.3)
+        # The share a free loop gets on this machine now (other load shares the cores),
+        # before and after: the throttled share is compared with their mean.
+        free_before = cpu_share(1.0)
         throttle = frequency.DutyCycleThrottle(lambda: [child.pid], f_max_ghz=2.0,
                                                period_s=0.02)
         assert throttle.set(1.0) == 1.0
-        c0, t0 = _cpu_seconds(child.pid), time.monotonic()
-        time.sleep(2.0)
-        throttled = (_cpu_seconds(child.pid) - c0) / (time.monotonic() - t0)
+        throttled = cpu_share(2.0)
         throttle.set(2.0)  # back to f_max: the loop ends and the process runs freely
-        c1, t1 = _cpu_seconds(child.pid), time.monotonic()
-        time.sleep(1.0)
-        free = (_cpu_seconds(child.pid) - c1) / (time.monotonic() - t1)
+        free = (free_before + cpu_share(1.0)) / 2
         state = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     finally:
         child.kill()

@@ -92,10 +92,11 @@ def step_plan(cal: Calibration) -> StepPlan:
 
     low, high = 0.10 * cal.capacity_rps, 0.90 * cal.capacity_rps
     bound_ms = int(round(1000 * (1 + LATENCY_QUANTILE) * cal.overhead_s / 0.3, -2))
-    # The controller decides nothing on the first WARMUP_BATCHES batches: start-up (the
-    # first batch alone takes 6-20 s on a 2-core machine) and a few decided low steps
-    # come first.
-    up_at = int(30 + 1.5 * (WARMUP_BATCHES + 5) * cal.batch_s(low))
+    # The controller decides nothing on the first WARMUP_BATCHES batches: the first
+    # batch (~7 s here: JVM and Python workers warm up) and the warm-up at low come
+    # first. Stepping up earlier would only delay the decision to the warm-up's end,
+    # which the high phase below leaves time for; later would delay the demo.
+    up_at = int(15 + (WARMUP_BATCHES + 3) * cal.batch_s(low))
     # While high: the first high batches on one worker (each ~10·o), the decision, an
     # executor's start and the migration of half the key groups, then a few steps on two.
     down_at = up_at + int(60 + 6 * cal.batch_s(high))

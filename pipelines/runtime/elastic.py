@@ -11,8 +11,8 @@ one step is applied at a batch boundary, its moved groups reload their state fro
 checkpoint on their new executors during the next batch, and the next step waits until
 that batch has committed plus ``gap_batches`` more (Megaphone §4.4's gap "so queues
 drain"). A step is *verified* when the driver's REST task list shows every moved group
-ran on its target (``placement.SparkRest``); a group that ran elsewhere is a migration
-failure, reported, never assumed.
+ran on its target (``placement.SparkRest``); a group that still runs elsewhere after
+``STEP_RETRIES`` more batches is a migration failure, reported, never assumed.
 
 Exactly-once is Spark's: a move only changes *where* the next batch's task for the
 group runs; its state version, the source offsets and the sink's idempotent batch
@@ -33,6 +33,8 @@ from control.planning import migration as planners
 from control.planning import schedule as schedules
 
 STRATEGIES = schedules.STRATEGIES
+# Batches a migration step may take to run each moved group on its target.
+STEP_RETRIES = 3
 PLANNERS = ("ding-table", "ding", "balanced", "flux", "consistent-hash", "scratch")
 
 
@@ -51,6 +53,8 @@ class StepResult:
     moved_task_ms: dict[int, int] = field(default_factory=dict)
     ran_on: dict[int, str] = field(default_factory=dict)
     verified: bool | None = None
+    # Batches in which a moved group's task ran off its target before it ran on it.
+    retries: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"index": self.index, "moves": self.moves, "bytes": self.bytes,
@@ -58,7 +62,7 @@ class StepResult:
                 "batch_duration_ms": self.batch_duration_ms,
                 "moved_task_ms": {str(k): v for k, v in self.moved_task_ms.items()},
                 "ran_on": {str(k): v for k, v in self.ran_on.items()},
-                "verified": self.verified}
+                "verified": self.verified, "retries": self.retries}
 
 
 @dataclass
@@ -292,7 +296,16 @@ class RoutingTable:
                 step.ran_on = {mv["group"]: ran_on.get(mv["group"], "?") for mv in step.moves}
                 step.moved_task_ms = {mv["group"]: task_ms.get(mv["group"], 0)
                                       for mv in step.moves}
-                step.verified = all(step.ran_on[mv["group"]] == mv["to"] for mv in step.moves)
+                on_target = all(step.ran_on[mv["group"]] == mv["to"] for mv in step.moves)
+                if not on_target and step.retries < STEP_RETRIES:
+                    # Spark's delay scheduling gives up on a busy preferred executor after
+                    # spark.locality.wait (3 s) and runs the task on a free one (seen in CI
+                    # at a scale-down right after a slow batch). The table still says the
+                    # target and is re-pinned at this boundary: check the next batch.
+                    step.retries += 1
+                    step.applied_after_batch = batch_id
+                    continue
+                step.verified = on_target
                 finished.append((m, step))
             if m.next_step == len(m.steps) and all(s.verified is not None for s in m.steps):
                 m.finished_at = time.time()

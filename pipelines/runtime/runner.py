@@ -44,6 +44,10 @@ from pipelines.runtime import definition, elastic, frequency, placement, power
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 EXECUTOR_WAIT_S = 90.0
+# After the initial executors registered: how long to wait for the rest of
+# spark.cores.max (they start together; one that comes later still is released by the
+# late-executor check between batches).
+EXTRA_EXECUTOR_WAIT_S = 3.0
 
 
 @dataclass
@@ -129,6 +133,7 @@ class Runner:
         self.group_ms: collections.deque = collections.deque(maxlen=LOAD_WINDOW)
         self.group_bytes: list[int] = [0] * self.spec.key_groups
         self.last_ran_on: dict[int, str] = {}
+        self.releasing_at_start: set[str] = set()
         # The schedule's clock starts when the query starts (set in _start_query)
         # unless the config pins it, e.g. to replay a run's schedule after a restart.
         self.t0 = cfg.t0 or 0.0
@@ -209,16 +214,31 @@ class Runner:
         self.rest = placement.SparkRest(sc.uiWebUrl, sc.applicationId)
         self.bus.publish_event("session_started", app_id=sc.applicationId,
                                spark_ui=sc.uiWebUrl, max_workers=self.cfg.max_workers)
-        # Standalone launches spark.cores.max executors at once: wait for them, then
-        # release down to the initial size while there is no state to lose.
-        ids = self.executors.wait_for(self.cfg.max_workers, EXECUTOR_WAIT_S)
+        # Standalone launches spark.cores.max executors at once. Wait for the initial
+        # ones (and briefly for the rest, which register at about the same time), then
+        # decommission the extras while there is no state to lose, without waiting for
+        # them to exit (~5 s): a decommissioning executor gets no new task, so the query
+        # can start at once (it was 5 of the ~20 s from Start to the first batch).
+        initial = self.cfg.initial_workers
+        ids = self.executors.wait_for(initial, EXECUTOR_WAIT_S)
         if not ids:
             raise RuntimeError(f"no executor registered within {EXECUTOR_WAIT_S:.0f}s; "
                                "is the Spark worker up and does it have free cores?")
-        if len(ids) > self.cfg.initial_workers:
-            ids, _ = self.executors.scale_to(self.cfg.initial_workers)
-        self.workers = len(ids)
+        if self.cfg.max_workers > initial:
+            ids = self.executors.wait_for(self.cfg.max_workers, EXTRA_EXECUTOR_WAIT_S)
+        keep, extras = ids[:initial], ids[initial:]
+        for extra in reversed(extras):
+            self.executors.decommission(extra, f"streamwise: start with {initial} workers")
+        self.releasing_at_start = set(extras)
+        self.workers = len(keep)
+        self.bus.publish_event("executors_ready", executors=keep, released=extras,
+                               max_workers=self.cfg.max_workers)
         self.actuator = frequency.choose_actuator(sc.applicationId, self.f_max_ghz)
+
+    def _executors_now(self) -> list[str]:
+        """Registered executors, less the extras released at start that are still
+        exiting (they run no task and hold no state)."""
+        return [e for e in self.executors.ids() if e not in self.releasing_at_start]
 
     def _checkpoint(self) -> Path:
         """The query's checkpoint; an existing one is resumed only with a pinned clock.
@@ -295,7 +315,7 @@ class Runner:
         """In the sink, after batch ``batch_id`` wrote its output and before the next
         batch can start: repair, migration step, decommission, then enforce the table."""
         started = time.perf_counter()
-        alive = self.executors.ids()
+        alive = self._executors_now()
         if (batch_id == 0 or all(e is None for e in self.routing.table)
                 or not self.cfg.enforce_placement):
             self.routing.adopt(self.coord.locations())  # Spark's own placement
@@ -471,7 +491,7 @@ class Runner:
         while self.phase != "stopped":
             try:
                 if self.executors is not None and self.phase == "running":
-                    self.workers = len(self.executors.ids())
+                    self.workers = len(self._executors_now())
                 with self.heartbeat_lock:
                     if self.phase == "stopped":
                         break
@@ -580,13 +600,15 @@ class Runner:
             return False, f"mode must be 'planned' or 'kill', got {mode!r}", {}
         schedule, gap, planner, tau = self._options(args)
         started = time.time()
-        before = self.executors.ids()
+        before = self._executors_now()
         if mode == "kill":
             return self._set_workers_spark_default(n, before, started)
         migration = None
         if n > len(before):
             self.executors.request_total(n)
-            ids = self.executors.wait_for(n, EXECUTOR_WAIT_S)
+            deadline = time.monotonic() + EXECUTOR_WAIT_S
+            while len(ids := self._executors_now()) < n and time.monotonic() < deadline:
+                time.sleep(0.25)
             if len(ids) < n:
                 return False, (f"asked for {n} workers, {len(ids)} registered after "
                                f"{EXECUTOR_WAIT_S:.0f}s"), {"workers": len(ids)}
@@ -653,7 +675,7 @@ class Runner:
         if not isinstance(moves, dict) or not moves:
             return False, "moves must be an object {group: executor id}", {}
         schedule, gap, _planner, _tau = self._options(args)
-        alive = set(self.executors.ids())
+        alive = set(self._executors_now())
         target = [str(e) for e in self.routing.snapshot()]
         for group, executor in moves.items():
             try:
@@ -679,7 +701,7 @@ class Runner:
         # Over every registered executor: one that holds no group yet (e.g. added
         # without a planned migration) is where a rebalance should put some.
         current = [str(e) for e in self.routing.snapshot()]
-        alive = self.executors.ids()
+        alive = self._executors_now()
         empty = [e for e in alive if e not in current]
         workers = min(len(set(current) | set(alive)), self.spec.key_groups)
         target, info = elastic.plan_target(current, self.loads(), self.group_bytes,

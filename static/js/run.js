@@ -108,10 +108,16 @@
 
   function addSamples(samples, live) {
     const now = Date.now() / 1000;
+    if (samples.length && startup.done.batch === undefined) {
+      // Stages whose events are not in view (an old run's snapshot) are done too.
+      for (const stage of STAGE_ORDER.slice(1, -1)) markStage(stage, null);
+      markStage("batch", samples[0].t);
+    }
     for (const s of samples) {
       if (s.batch_id <= probe.lastBatch) continue; // replayed after a reconnect
       probe.lastBatch = s.batch_id;
       probe.points += 1;
+      if (probe.firstPointAt === undefined) probe.firstPointAt = now; // for bench_start
       if (live && s.written_at) {
         probe.arrivals.push({ batch: s.batch_id, written_at: s.written_at, received_at: now });
         if (probe.arrivals.length > 1000) probe.arrivals.shift();
@@ -285,7 +291,40 @@
     probe.alerts += 1;
   }
 
+  // Start-up stages, from the audited events (the snapshot's, then live ones) and the
+  // first sample: each stage shows the seconds since the run was created.
+  const STAGE_OF = { created: "created", "runner:runner_started": "runner",
+    "runner:session_started": "session", "runner:executors_ready": "executors",
+    "runner:query_started": "query" };
+  const STAGE_ORDER = ["created", "runner", "session", "executors", "query", "batch"];
+  const startup = { createdAt: null, done: {} };
+  probe.startup = startup.done;
+  function markStage(stage, atSeconds) {
+    if (!document.getElementById("startup") || startup.done[stage] !== undefined) return;
+    if (stage === "created") startup.createdAt = atSeconds;
+    const since = startup.createdAt === null || atSeconds === null ? null
+      : Math.max(0, atSeconds - startup.createdAt);
+    startup.done[stage] = since;
+    const li = document.querySelector(`#startup li[data-stage="${stage}"]`);
+    if (li) {
+      li.classList.add("done");
+      if (since !== null) li.dataset.after = `${since.toFixed(1)} s`;
+    }
+    const next = STAGE_ORDER.find((s) => startup.done[s] === undefined);
+    const current = document.querySelector("#startup li.current");
+    if (current) current.classList.remove("current");
+    const summary = document.getElementById("startup-summary");
+    if (next) {
+      const nextLi = document.querySelector(`#startup li[data-stage="${next}"]`);
+      if (nextLi) nextLi.classList.add("current");
+      summary.textContent = "starting…";
+    } else {
+      summary.textContent = since !== null ? `first batch ${since.toFixed(1)} s after Start` : "";
+    }
+  }
+
   function addEvent(e) {
+    if (STAGE_OF[e.kind]) markStage(STAGE_OF[e.kind], Date.parse(e.at) / 1000);
     const tbody = document.querySelector("#events tbody");
     const tr = document.createElement("tr");
     for (const text of [new Date(e.at).toLocaleTimeString(), e.kind, e.actor, e.message]) {

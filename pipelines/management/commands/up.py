@@ -33,6 +33,22 @@ def redis_answers(url: str) -> bool:
         return False
 
 
+def product_processes(port: int, var: Path, worker_name: str = "streamwise@%h"
+                      ) -> dict[str, list[str]]:
+    """The product's long-running processes (web + WebSockets, Celery worker and beat,
+    the relay), as ``up`` starts them; the start benchmark starts the same."""
+    py = sys.executable
+    return {
+        "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                "webapp.asgi:application"],
+        "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
+                   "--concurrency", "4", "-n", worker_name],
+        "beat": [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
+                 "-s", str(var / "celerybeat-schedule")],
+        "relay": [py, str(Path(settings.BASE_DIR) / "manage.py"), "relay"],
+    }
+
+
 def _raise_interrupt(*_args: object) -> None:
     raise KeyboardInterrupt
 
@@ -87,15 +103,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Spark master {self.cluster_info.master_url} "
                               f"(UI {self.cluster_info.master_web})")
         self._seed_elastic_demo(var)
-        py = sys.executable
-        manage = str(Path(settings.BASE_DIR) / "manage.py")
-        self._spawn("web", [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(options["port"]),
-                            "webapp.asgi:application"], logs)
-        self._spawn("worker", [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                               "--concurrency", "4", "-n", "streamwise@%h"], logs)
-        self._spawn("beat", [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
-                             "-s", str(var / "celerybeat-schedule")], logs)
-        self._spawn("relay", [py, manage, "relay"], logs)
+        for name, args in product_processes(options["port"], var).items():
+            self._spawn(name, args, logs)
         self.stdout.write(self.style.SUCCESS(
             f"\nStreamwise is up: http://127.0.0.1:{options['port']}/  (logs in {logs})\n"
             "Ctrl-C stops everything."))

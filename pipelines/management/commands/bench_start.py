@@ -1,0 +1,179 @@
+"""Benchmark: time from the Start POST to the first metrics point on the run page.
+
+Starts the product as ``up`` does (the embedded Spark cluster, daphne, a Celery worker,
+beat and the relay) on the configured database (the Makefile points it at var/bench),
+logs in with headless Chromium and, ``--runs`` times: submits the Start form on /runs/
+for the demo pipeline under a 1-2 worker policy, and reads the moment the run page
+received its first metrics point over the WebSocket (browser and benchmark share this
+machine's clock); then stops the run. Each run's start-up stages (runner, session,
+executors, query, first batch) are read from its audited events.
+
+The baseline, measured in the same run on the same cluster, is a bare PySpark
+application started in a fresh Python process: SparkSession.getOrCreate() and a
+one-row job (so that an executor has registered and run a task). Prints the medians
+and their ratio; the product target is a median of at most 15 s.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from control.models import Policy
+from pipelines import actions
+from pipelines.management.commands.up import product_processes
+from pipelines.models import Pipeline, Run
+from pipelines.runtime import cluster
+from pipelines.runtime.definition import DEMO_DEFINITION
+from webapp.browser import headless_chromium, log_in
+
+PASSWORD = "bench-pass-123"
+STAGES = ("runner:runner_started", "runner:session_started", "runner:executors_ready",
+          "runner:query_started")
+
+BARE_SESSION = """
+import sys, time
+t0 = time.time()
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master(sys.argv[1]).appName("bench-bare-session")
+         .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+         .config("spark.cores.max", "2").config("spark.executor.cores", "1")
+         .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+session = time.time() - t0
+spark.range(1).collect()
+print(session, time.time() - t0)
+spark.stop()
+"""
+
+
+def bare_session_s(master_url: str) -> tuple[float, float]:
+    """(getOrCreate seconds, seconds to a first job's result), from process start."""
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYSPARK_PYTHON=sys.executable)
+    out = subprocess.run([sys.executable, "-c", BARE_SESSION, master_url], env=env,
+                         capture_output=True, text=True, timeout=180, check=True)
+    session, first_job = (float(x) for x in out.stdout.split()[-2:])
+    return session, first_job
+
+
+class Command(BaseCommand):
+    help = "Measure Start -> first chart point (median of --runs) against a bare Spark start."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--runs", type=int, default=5)
+
+    def handle(self, *args, **options):
+        n = options["runs"]
+        if not 1 <= n <= 50:
+            raise CommandError("--runs must be in 1..50")
+        call_command("migrate", interactive=False, verbosity=0)
+        user, _ = User.objects.get_or_create(username="bench", defaults={"is_staff": True,
+                                                                           "is_superuser": True})
+        user.set_password(PASSWORD)
+        user.save()
+        pipeline = Pipeline.objects.filter(name="bench-start").first() or actions.save_pipeline(
+            Pipeline(name="bench-start", definition=DEMO_DEFINITION), user)
+        policy, _ = Policy.objects.get_or_create(name="bench-start", defaults={
+            "latency_bound_ms": 5000, "power_budget_w": 40, "min_workers": 1,
+            "initial_workers": 1, "max_workers": 2, "strategy": "manual"})
+        var = Path(settings.VAR_DIR)
+        logs = var / "bench-logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.stdout.write("starting the embedded Spark cluster and the product's processes…")
+        info = cluster.start(Path(settings.SPARK_DIR))
+        procs = [subprocess.Popen(cmd, cwd=settings.BASE_DIR, start_new_session=True,
+                                  stdout=open(logs / f"{name}.log", "wb"),
+                                  stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, SPARK_MASTER_URL=info.master_url))
+                 for name, cmd in product_processes(port, var, f"bench-{port}@%h").items()]
+        driver = None
+        firsts: list[float] = []
+        bare: list[tuple[float, float]] = []
+        try:
+            self._wait_port(port)
+            driver = headless_chromium()
+            base = f"http://127.0.0.1:{port}"
+            log_in(driver, base, "bench", PASSWORD)
+            for i in range(n):
+                bare.append(bare_session_s(info.master_url))
+                first, stages = self._one_start(driver, base, pipeline, policy)
+                firsts.append(first)
+                self.stdout.write(
+                    f"  run {i + 1}/{n}: first point {first:.1f} s after Start ("
+                    + ", ".join(f"{k.split(':')[1]} {v:.1f}" for k, v in stages.items())
+                    + f"); bare Spark start {bare[-1][1]:.1f} s (session {bare[-1][0]:.1f})")
+        finally:
+            if driver is not None:
+                driver.quit()
+            for run in Run.objects.filter(created_by=user, status__in=(
+                    "pending", "starting", "running")):
+                actions.request_stop(run, user)
+            self._wait_all_ended(user)
+            for proc in procs:
+                os.killpg(proc.pid, signal.SIGTERM)
+            for proc in procs:
+                proc.wait(timeout=30)
+            cluster.stop(info)
+        med, base_med = statistics.median(firsts), statistics.median(b[1] for b in bare)
+        self.stdout.write(
+            f"Start -> first chart point over {n} runs: median {med:.1f} s "
+            f"(min {min(firsts):.1f}, max {max(firsts):.1f})\n"
+            f"baseline bare SparkSession + first job, same cluster: median {base_med:.1f} s "
+            f"(getOrCreate alone {statistics.median(b[0] for b in bare):.1f} s)\n"
+            f"ratio (medians): {med / base_med:.2f}x; target median <= 15 s: "
+            f"{'met' if med <= 15 else 'NOT met'}")
+
+    def _one_start(self, driver, base: str, pipeline: Pipeline,
+                   policy: Policy) -> tuple[float, dict[str, float]]:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import Select, WebDriverWait
+
+        driver.get(f"{base}/runs/")
+        Select(driver.find_element(By.NAME, "pipeline")).select_by_value(str(pipeline.pk))
+        Select(driver.find_element(By.NAME, "policy")).select_by_value(str(policy.pk))
+        button = driver.find_element(By.CSS_SELECTOR, "form.card button[type=submit]")
+        clicked = time.time()
+        button.click()
+        WebDriverWait(driver, 180, poll_frequency=0.2).until(
+            lambda d: d.execute_script("return window.__streamwise "
+                                       "&& window.__streamwise.firstPointAt"))
+        first = driver.execute_script("return window.__streamwise.firstPointAt") - clicked
+        run = Run.objects.order_by("-pk").first()
+        created = run.created_at.timestamp()
+        stages = {e.kind: e.at.timestamp() - created
+                  for e in run.events.filter(kind__in=STAGES).order_by("at")}
+        actions.request_stop(run, run.created_by)
+        deadline = time.monotonic() + 90
+        while not Run.objects.get(pk=run.pk).is_terminal and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return first, stages
+
+    @staticmethod
+    def _wait_all_ended(user: User) -> None:
+        deadline = time.monotonic() + 90
+        while (Run.objects.filter(created_by=user).exclude(
+                status__in=("stopped", "failed", "lost")).exists()
+               and time.monotonic() < deadline):
+            time.sleep(0.5)
+
+    @staticmethod
+    def _wait_port(port: int) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    return
+            time.sleep(0.2)
+        raise CommandError("daphne did not start; see var/bench/bench-logs/web.log")
