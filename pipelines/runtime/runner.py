@@ -212,6 +212,9 @@ class Runner:
         self.executors = ExecutorControl(self.spark)
         sc = self.spark.sparkContext
         self.rest = placement.SparkRest(sc.uiWebUrl, sc.applicationId)
+        # Spark's REST API initialises lazily on its first request (~2 s here): warm it
+        # while the executors start, not when the first batch's metrics need it.
+        threading.Thread(target=self._warm_rest, name="warm-rest", daemon=True).start()
         self.bus.publish_event("session_started", app_id=sc.applicationId,
                                spark_ui=sc.uiWebUrl, max_workers=self.cfg.max_workers)
         # Standalone launches spark.cores.max executors at once. Wait for the initial
@@ -234,6 +237,12 @@ class Runner:
         self.bus.publish_event("executors_ready", executors=keep, released=extras,
                                max_workers=self.cfg.max_workers)
         self.actuator = frequency.choose_actuator(sc.applicationId, self.f_max_ghz)
+
+    def _warm_rest(self) -> None:
+        try:
+            self.rest.executors()
+        except Exception as exc:  # only a warm-up: the monitor reports real failures
+            print(f"REST warm-up failed: {exc!r}", file=sys.stderr, flush=True)
 
     def _executors_now(self) -> list[str]:
         """Registered executors, less the extras released at start that are still
