@@ -32,9 +32,14 @@ from pipelines.runtime.harness import HarnessError, RunnerProcess
 # (records/s, seconds). A burst first fills the keyed state (a record's cost grows with
 # the state: ~7 µs at 1M keys against ~2 µs at 100K on this machine), then the low level
 # covers the controller's warm-up batches, which are slower per record and would
-# steepen the slope, and the draining of the burst.
+# steepen the slope, and the draining of the burst. The last level holds until the fit
+# has enough batches: on a slow or busy machine the ramp's time passes in a few large
+# batches (the source generates by the clock), and the fit needs points, not seconds.
 RAMP: tuple[tuple[float, int], ...] = ((150_000.0, 7), (5_000.0, 30), (20_000.0, 12),
-                                       (50_000.0, 12), (100_000.0, 12), (160_000.0, 12))
+                                       (50_000.0, 12), (100_000.0, 12), (160_000.0, 12),
+                                       (20_000.0, 0))
+# Batches past the warm-up the least-squares fit waits for.
+MIN_FIT_BATCHES = 12
 # A stored calibration older than this is measured again (the machine may have changed).
 MAX_AGE_S = 7 * 24 * 3600.0
 
@@ -131,17 +136,23 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
 
     ramp_s = sum(s for _r, s in RAMP)
     progress(f"calibration: one worker under a {ramp_s} s ramp of "
-             f"{', '.join(f'{r / 1000:.0f}K' for r, _s in RAMP)} records/s")
+             f"{', '.join(f'{r / 1000:.0f}K' for r, _s in RAMP)} records/s, "
+             f"until {MIN_FIT_BATCHES} batches past the warm-up")
+
+    def usable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [m for m in metrics
+                if m["batch_id"] >= WARMUP_BATCHES and not m.get("failed_tasks")
+                and m["input_rows"] > 0]
+
     token = f"calib{int(time.time())}"
     # A fresh checkpoint each time (a runner refuses to resume one without its clock).
     run_dir = Path(work) / token
     with RunnerProcess(run_dir, master_url, ramp_definition(definition), redis_url,
                        run_id=run_id, token=token, max_workers=1, initial_workers=1) as run:
-        run.wait_until(lambda: run.metrics and run.metrics[-1]["t"] > run.t0 + ramp_s,
-                       ramp_s + 300, "the calibration ramp")
-        used = [m for m in run.metrics
-                if m["batch_id"] >= WARMUP_BATCHES and not m.get("failed_tasks")
-                and m["input_rows"] > 0]
+        run.wait_until(lambda: run.metrics and run.metrics[-1]["t"] > run.t0 + ramp_s
+                       and len(usable(run.metrics)) >= MIN_FIT_BATCHES,
+                       ramp_s + 420, "the calibration ramp")
+        used = usable(run.metrics)
     run.bus.reset()
     shutil.rmtree(run_dir, ignore_errors=True)  # its 1M-key state is of no further use
     x = np.array([m["input_rows"] for m in used], dtype=float)
@@ -151,8 +162,9 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
     # batch faster than one seen); here jitter of +-0.1 s on ~0.6 s batches put the
     # line's intercept a few ms above the fastest one and refused a clear slope.
     if len(x) < 8 or x.std() < 0.25 * x.mean():
+        seen = ", ".join(f"{n:.0f} in {t:.1f} s" for n, t in zip(x, d))
         raise HarnessError(f"calibration: {len(x)} batches past the warm-up, of too "
-                           "similar sizes to fit a slope")
+                           f"similar sizes to fit a slope ({seen})")
     slope, intercept = (float(v) for v in np.polyfit(x, d, 1))
     explained = 1.0 - float(np.var(d - (intercept + slope * x))) / max(float(np.var(d)),
                                                                      1e-12)
