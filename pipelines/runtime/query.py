@@ -36,7 +36,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.runtime import definition
-from pipelines.runtime.source import SOURCE_NAME, GeneratorDataSource, source_options
+from pipelines.runtime.source import SCHEMA, SOURCE_NAME, GeneratorDataSource, source_options
 
 OBSERVATION = "sw_latency"
 # percentile_approx accuracy: rank error <= 1/ACCURACY of the batch's rows.
@@ -61,7 +61,9 @@ def _apply_stateless(df: DataFrame, op: definition.OperatorSpec) -> DataFrame:
 def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float) -> DataFrame:
     """The output stream of a pipeline (before the sink): one row per updated key."""
     spark.dataSource.register(GeneratorDataSource)
-    df = spark.readStream.format(SOURCE_NAME).options(**source_options(spec, t0)).load()
+    # The schema given here spares a Python round trip on the driver at query start.
+    df = (spark.readStream.format(SOURCE_NAME).schema(SCHEMA)
+          .options(**source_options(spec, t0)).load())
     for op in spec.operators:
         if op.type not in definition.STATEFUL_TYPES:
             df = _apply_stateless(df, op)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -120,3 +121,9 @@ class GeneratorDataSource(DataSource):
 
 def source_options(spec: definition.PipelineSpec, t0: float) -> dict[str, str]:
     return {"spec": json.dumps(spec.raw, sort_keys=True), "t0": repr(t0)}
+
+
+def warm_up(_rows: Iterator[Any]) -> Iterator[int]:
+    """Run once on each executor while the query starts: the first micro-batch then
+    finds the Python worker started and this module (pyarrow, numpy) imported."""
+    yield len(RangePartition.__name__)
