@@ -10,27 +10,24 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth.models import User
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from control.models import Policy
 from pipelines import actions
+from pipelines.management.benchkit import (PASSWORD, bench_operator, free_port, start_logged,
+                                           wait_port)
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.definition import DEMO_DEFINITION
 from webapp.browser import headless_chromium, log_in
 
-PASSWORD = "bench-pass-123"
 
 
 def redis_floor_ms(n: int) -> list[float]:
@@ -72,11 +69,7 @@ class Command(BaseCommand):
         n, rate = options["records"], options["rate"]
         if n < 10 or not 0 < rate <= 1000:
             raise CommandError("--records must be >= 10 and --rate in (0, 1000]")
-        call_command("migrate", interactive=False, verbosity=0)
-        user, _ = User.objects.get_or_create(username="bench", defaults={"is_staff": True,
-                                                                           "is_superuser": True})
-        user.set_password(PASSWORD)
-        user.save()
+        user = bench_operator()
         pipeline = Pipeline.objects.filter(name="bench").first() or actions.save_pipeline(
             Pipeline(name="bench", definition=DEMO_DEFINITION), user)
         policy, _ = Policy.objects.get_or_create(name="bench", defaults={
@@ -87,21 +80,15 @@ class Command(BaseCommand):
         run_bus.reset()
         run_bus.mark_live()
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         logs = Path(settings.VAR_DIR) / "bench-logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        procs = [subprocess.Popen(cmd, cwd=settings.BASE_DIR, start_new_session=True,
-                                  stdout=open(logs / f"{name}.log", "wb"),
-                                  stderr=subprocess.STDOUT)
-                 for name, cmd in (
-                     ("web", [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p",
-                              str(port), "webapp.asgi:application"]),
-                     ("relay", [sys.executable, "manage.py", "relay"]))]
+        procs = start_logged({
+            "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                    "webapp.asgi:application"],
+            "relay": [sys.executable, "manage.py", "relay"]}, logs)
         driver = None
         try:
-            self._wait_port(port)
+            wait_port(port, logs / "web.log")
             driver = headless_chromium()
             base = f"http://127.0.0.1:{port}"
             from selenium.webdriver.support.ui import WebDriverWait
@@ -138,13 +125,3 @@ class Command(BaseCommand):
             f"baseline Redis XADD -> XREAD: median {floor_med:.2f} ms\n"
             f"ratio push/baseline (medians): {med / floor_med:.1f}x; "
             f"target median < 300 ms: {'met' if med < 300 else 'NOT met'}")
-
-    @staticmethod
-    def _wait_port(port: int) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return
-            time.sleep(0.2)
-        raise CommandError("daphne did not start; see var/bench/bench-logs/web.log")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,18 +25,18 @@ from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from control.models import Policy
 from pipelines import actions
+from pipelines.management.benchkit import (PASSWORD, bench_operator, free_port, start_logged,
+                                           wait_port)
 from pipelines.management.commands.up import product_processes
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import cluster
 from pipelines.runtime.definition import DEMO_DEFINITION
 from webapp.browser import headless_chromium, log_in
 
-PASSWORD = "bench-pass-123"
 STAGES = ("runner:runner_started", "runner:session_started", "runner:executors_ready",
           "runner:query_started")
 
@@ -75,11 +74,7 @@ class Command(BaseCommand):
         n = options["runs"]
         if not 1 <= n <= 50:
             raise CommandError("--runs must be in 1..50")
-        call_command("migrate", interactive=False, verbosity=0)
-        user, _ = User.objects.get_or_create(username="bench", defaults={"is_staff": True,
-                                                                           "is_superuser": True})
-        user.set_password(PASSWORD)
-        user.save()
+        user = bench_operator()
         pipeline = Pipeline.objects.filter(name="bench-start").first() or actions.save_pipeline(
             Pipeline(name="bench-start", definition=DEMO_DEFINITION), user)
         policy, _ = Policy.objects.get_or_create(name="bench-start", defaults={
@@ -87,22 +82,16 @@ class Command(BaseCommand):
             "initial_workers": 1, "max_workers": 2, "strategy": "manual"})
         var = Path(settings.VAR_DIR)
         logs = var / "bench-logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         self.stdout.write("starting the embedded Spark cluster and the product's processes…")
         info = cluster.start(Path(settings.SPARK_DIR))
-        procs = [subprocess.Popen(cmd, cwd=settings.BASE_DIR, start_new_session=True,
-                                  stdout=open(logs / f"{name}.log", "wb"),
-                                  stderr=subprocess.STDOUT,
-                                  env=dict(os.environ, SPARK_MASTER_URL=info.master_url))
-                 for name, cmd in product_processes(port, var, f"bench-{port}@%h").items()]
+        procs = start_logged(product_processes(port, var, f"bench-{port}@%h"), logs,
+                             {"SPARK_MASTER_URL": info.master_url})
         driver = None
         firsts: list[float] = []
         bare: list[tuple[float, float]] = []
         try:
-            self._wait_port(port)
+            wait_port(port, logs / "web.log")
             driver = headless_chromium()
             base = f"http://127.0.0.1:{port}"
             log_in(driver, base, "bench", PASSWORD)
@@ -167,13 +156,3 @@ class Command(BaseCommand):
                 status__in=("stopped", "failed", "lost")).exists()
                and time.monotonic() < deadline):
             time.sleep(0.5)
-
-    @staticmethod
-    def _wait_port(port: int) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    return
-            time.sleep(0.2)
-        raise CommandError("daphne did not start; see var/bench/bench-logs/web.log")
