@@ -119,9 +119,7 @@ class LatencySink:
     *between* micro-batches (DESIGN.md §2) take the lock first. ``between_batches`` (if
     given) runs after the write, still inside ``foreachBatch``: the stream cannot start
     the next batch until it returns, which is where the elastic runtime applies
-    placement steps and decommissions. ``before_batch`` (if given) runs before the
-    batch's job, outside the lock (the runner holds batch 0 there until its executors
-    are settled).
+    placement steps and decommissions.
 
     With ``output_dir`` the batch's rows are kept as one Parquet file per batch id,
     written atomically and overwritten by a retried batch (idempotent, so exactly-once
@@ -131,17 +129,13 @@ class LatencySink:
 
     def __init__(self, on_commit: Callable[[BatchCommit], None],
                  output_dir: Path | str | None = None,
-                 between_batches: Callable[[int], None] | None = None,
-                 before_batch: Callable[[int], None] | None = None) -> None:
+                 between_batches: Callable[[int], None] | None = None) -> None:
         self.on_commit = on_commit
         self.output_dir = Path(output_dir) if output_dir else None
         self.between_batches = between_batches
-        self.before_batch = before_batch
         self.batch_lock = threading.Lock()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
-        if self.before_batch is not None:
-            self.before_batch(batch_id)
         with self.batch_lock:
             started = time.time()
             if self.output_dir is None:

@@ -134,8 +134,6 @@ class Runner:
         self.group_bytes: list[int] = [0] * self.spec.key_groups
         self.last_ran_on: dict[int, str] = {}
         self.releasing_at_start: set[str] = set()
-        self.executors_settled = threading.Event()
-        self.executors_failed: Exception | None = None
         # The schedule's clock starts when the query starts (set in _start_query)
         # unless the config pins it, e.g. to replay a run's schedule after a restart.
         self.t0 = cfg.t0 or 0.0
@@ -155,22 +153,7 @@ class Runner:
         if self.stop_event.is_set():
             self._shutdown()
             return
-        # The executors register and the extras are released while the query starts
-        # (building the stream and the source's first offsets take ~5 s of their own);
-        # the first batch waits for them in the sink (_before_batch), so no task of
-        # batch 0 lands on an executor that is being released.
-        settling = threading.Thread(target=self._settle_executors, name="executors",
-                                    daemon=True)
-        settling.start()
         self._start_query()
-        while not (self.executors_settled.wait(0.5) or self.stop_event.is_set()):
-            if not settling.is_alive():
-                break
-        if self.executors_failed is not None:
-            raise self.executors_failed
-        if self.stop_event.is_set():
-            self._shutdown()
-            return
         threading.Thread(target=self._monitor_loop, name="monitor", daemon=True).start()
         threading.Thread(target=self._reconfig_loop, name="reconfigure", daemon=True).start()
         while not self.stop_event.wait(0.5):
@@ -234,21 +217,11 @@ class Runner:
         threading.Thread(target=self._warm_rest, name="warm-rest", daemon=True).start()
         self.bus.publish_event("session_started", app_id=sc.applicationId,
                                spark_ui=sc.uiWebUrl, max_workers=self.cfg.max_workers)
-        self.actuator = frequency.choose_actuator(sc.applicationId, self.f_max_ghz)
-
-    def _settle_executors(self) -> None:
-        """Standalone launches spark.cores.max executors at once. Wait for the initial
-        ones (and briefly for the rest, which register at about the same time), then
-        decommission the extras while there is no state to lose, without waiting for
-        them to exit (~5 s): a decommissioning executor gets no new task."""
-        try:
-            self._wait_and_release()
-        except Exception as exc:
-            self.executors_failed = exc
-        finally:
-            self.executors_settled.set()
-
-    def _wait_and_release(self) -> None:
+        # Standalone launches spark.cores.max executors at once. Wait for the initial
+        # ones (and briefly for the rest, which register at about the same time), then
+        # decommission the extras while there is no state to lose, without waiting for
+        # them to exit (~5 s): a decommissioning executor gets no new task, so the query
+        # can start at once (it was 5 of the ~20 s from Start to the first batch).
         initial = self.cfg.initial_workers
         ids = self.executors.wait_for(initial, EXECUTOR_WAIT_S)
         if not ids:
@@ -265,6 +238,7 @@ class Runner:
                                max_workers=self.cfg.max_workers)
         threading.Thread(target=self._warm_executors, args=(len(keep),), name="warm-python",
                          daemon=True).start()
+        self.actuator = frequency.choose_actuator(sc.applicationId, self.f_max_ghz)
 
     def _warm_executors(self, n: int) -> None:
         from pipelines.runtime.source import warm_up
@@ -310,8 +284,7 @@ class Runner:
         self.sink = LatencySink(self._on_commit,
                                 output_dir=self.run_dir / "output" if self.spec.keep_output
                                 else None,
-                                between_batches=self._between_batches,
-                                before_batch=self._before_batch)
+                                between_batches=self._between_batches)
         self.t0 = self.cfg.t0 or time.time()
         # The verifier needs the schedule clock the records were generated against.
         (self.run_dir / "t0").write_text(json.dumps({"t0": self.t0}))
@@ -329,8 +302,7 @@ class Runner:
             self.spark, str(self.query.runId), checkpoint, self.spec.key_groups)
         self.phase = "running"
         self.bus.publish_event("query_started", query_id=str(self.query.id),
-                               query_run_id=str(self.query.runId),
-                               workers=self.cfg.initial_workers,
+                               query_run_id=str(self.query.runId), workers=self.workers,
                                t0=self.t0, key_groups=self.spec.key_groups,
                                state_store=self.spec.state_store,
                                frequency_source=self._frequency_label(),
@@ -364,15 +336,6 @@ class Runner:
         self.reconfig_queue.put(None)
 
     # ------------------------------------------------------- between micro-batches
-    def _before_batch(self, batch_id: int) -> None:
-        """In the sink, before a batch's job: the first one waits until the initial
-        executors are in and the extras released (see run())."""
-        while not self.executors_settled.wait(0.5):
-            if self.stop_event.is_set():
-                raise RuntimeError("the run stopped while its executors were starting")
-        if self.executors_failed is not None:
-            raise RuntimeError(f"executors did not start: {self.executors_failed}")
-
     def _between_batches(self, batch_id: int) -> None:
         """In the sink, after batch ``batch_id`` wrote its output and before the next
         batch can start: repair, migration step, decommission, then enforce the table."""
