@@ -1,10 +1,10 @@
 """Planner benchmarks: ``python -m control bench-planning`` prints the tables.
 
-Migration (Ding AT-3 in spirit, ``notes/ding-cola.md`` §A6): the 2011 Twitter crawl is
+Migration (Ding et al. §6, AT-3 in spirit): the 2011 Twitter crawl is
 not available, so the stream is a word-count-like one: K keys with Zipf(s) popularity
 hashed into G = 64 key groups, the popularity drifting (a few ranks swap every step),
 and the worker count following the thesis' random-walk rate trace
-(``../shared/data/elastic-hft/random_walk_rates``) scaled to a worker range. Each planner
+(data file ``elastic-hft/random_walk_rates``) scaled to a worker range. Each planner
 carries its own layout through the whole sequence; at each step it migrates when the
 worker count changed or its layout broke the cap (1+τ)·W/n. State of a group = the
 distinct keys it saw in a window (Σ_k 1 − e^{−λ·p_k·ω}), so hot groups hold no more

@@ -6,8 +6,8 @@ every worker owns a *contiguous* range of groups. A migration to n′ workers mu
 every worker a load ≤ cap = (1+τ)·W/n′ (Def. 3.1) and moves the state of every group
 whose owner changes; its cost is Σ s_j over those groups (Def. 3.2).
 
-``plan_ding`` is exact. It is the reference dynamic programme of the digest
-(``notes/ding-cola.md`` §A2), vectorised with numpy over (start, end, last gain node):
+``plan_ding`` is exact: a dynamic programme equivalent to SSM (§3.2, Fig. 2 and 4) with
+one index of state, vectorised with numpy over (start, end, last gain node):
 
     F[k][x][y] = best gain (state that stays) with groups [0, x) split into k ranges, the
                  last range that *keeps state* given to old worker y (0 = none yet).

@@ -2,7 +2,8 @@
 keyed operator with n workers at CPU frequency f. Pure Python, no Django.
 
 Named ``sysmodel`` because ``control/models.py`` is the Django app's model module.
-References are to the thesis (seed 004) and its digest ``notes/thesis-adaptive-dasp.md``.
+References are to the thesis (De Matteis, "Parallel Patterns for Adaptive Data Stream
+Processing").
 Times are in seconds unless a name says otherwise.
 """
 from __future__ import annotations

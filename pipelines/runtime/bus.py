@@ -1,4 +1,5 @@
-"""The runner contract on Redis (DESIGN.md §2). No Django import.
+"""The runner contract on Redis, the only bus between a run's runner and the control
+plane. No Django import.
 
 Per run, keyed by its bus key ``<run id>.<token>`` (the token is unique per run, so a
 database that reuses a row id, as SQLite does after deletes, never meets an older

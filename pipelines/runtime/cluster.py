@@ -1,7 +1,7 @@
 """The embedded Spark standalone cluster: one master and one worker on 127.0.0.1.
 
 The pip ``pyspark`` package has ``bin/spark-class`` but no ``sbin/start-*.sh``, so the
-master and worker are started as ``spark-class`` processes (DESIGN.md appendix). The
+master and worker are started as ``spark-class`` processes. The
 worker advertises more cores than the machine has: executors are 1-core and the
 product asks for as many as the policy allows (standalone does not pin cores).
 

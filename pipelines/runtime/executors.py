@@ -1,6 +1,6 @@
 """Executor (worker) control for a running application, through the driver's JVM.
 
-Facts this relies on (DESIGN.md appendix, pyspark 4.3, standalone cluster):
+Facts this relies on (measured on pyspark 4.3, standalone cluster on 127.0.0.1):
 
 * ``requestTotalExecutors(n, 0, emptyMap)`` raises the target; lowering it kills nothing.
 * ``spark.cores.max`` is launched at application start, so a run starts with its

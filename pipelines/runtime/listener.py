@@ -1,7 +1,7 @@
 """StreamingQueryListener that forwards each micro-batch's progress to the runner.
 
 It runs on a py4j callback thread ~0.1 s after each batch; it must stay cheap (a slow
-listener builds an unbounded backlog, DESIGN.md appendix), so it only joins two small
+listener builds an unbounded backlog of listener events), so it only joins two small
 dicts and does one Redis XADD.
 """
 from __future__ import annotations

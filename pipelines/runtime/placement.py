@@ -1,4 +1,4 @@
-"""Where each key group's state lives, and what each group costs (DESIGN.md §3).
+"""Where each key group's state lives, and what each group costs.
 
 A *key group* is a state partition of the keyed operator (``spark.sql.shuffle.partitions``
 = G). Spark itself keeps a group where its state store was last loaded: the driver's
@@ -46,7 +46,7 @@ def parse_location(text: str | None) -> tuple[str, str] | None:
 
 def state_root(checkpoint: Path | str) -> str:
     """The state root exactly as Spark qualifies it: ``file:<abs path>/state``
-    (``file:///…`` or a bare path name different providers; DESIGN.md appendix)."""
+    (``file:///…`` or a bare path name different providers)."""
     return f"file:{Path(checkpoint).resolve()}/state"
 
 

@@ -4,9 +4,10 @@ Plan: generator source -> stateless ``filter``/``map`` steps (Spark column expre
 no Python crossing) -> an observation point -> the keyed stateful operator (Spark's
 native streaming aggregation, ``update`` mode) -> latency sink (``foreachBatch``).
 The stateful operator's state partitions are the key groups
-(``spark.sql.shuffle.partitions`` = G, DESIGN.md §3).
+(``spark.sql.shuffle.partitions`` = G, fixed per checkpoint).
 
-Per-record end-to-end latency (DESIGN.md §4). Every record carries its scheduled
+Per-record end-to-end latency, measured open-loop (queueing during a stall counts).
+Every record carries its scheduled
 emission time ``emit_ts``. The records that enter the keyed operator in micro-batch b
 are exactly the records whose effect the sink commits at the end of b, so record i's
 latency is ``t_commit(b) - emit_ts(i)``. Spark's observed metrics
@@ -116,7 +117,7 @@ class LatencySink:
     """``foreachBatch`` function: writes the batch and stamps its commit time.
 
     ``batch_lock`` is held while a batch is being written, so commands that must run
-    *between* micro-batches (DESIGN.md §2) take the lock first. ``between_batches`` (if
+    *between* micro-batches take the lock first. ``between_batches`` (if
     given) runs after the write, still inside ``foreachBatch``: the stream cannot start
     the next batch until it returns, which is where the elastic runtime applies
     placement steps and decommissions.

@@ -2,7 +2,7 @@
 
 It starts a SparkSession on the cluster manager, compiles the pipeline definition into
 a streaming query, publishes one metrics record per micro-batch, executes commands
-between micro-batches and acknowledges each, and heartbeats (DESIGN.md §2). It never
+between micro-batches and acknowledges each, and heartbeats. It never
 imports Django: the control plane talks to it only through Redis (``bus.py``).
 
     python -m pipelines.runtime.runner CONFIG.json

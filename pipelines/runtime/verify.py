@@ -1,5 +1,6 @@
 """Exactly-once verifier: recompute what the sink must hold from the deterministic
-source and compare, batch by batch (DESIGN.md §4; thesis §6.4.2 R1 "gracefulness";
+source and compare, batch by batch: no loss, no duplicate, same values across every
+reconfiguration (thesis §6.4.2 R1 "gracefulness";
 Megaphone seed 003 §3.2 property 1 "correctness").
 
 Inputs: the run's pipeline spec and schedule clock ``t0``, its checkpoint (the offset

@@ -1,6 +1,7 @@
 """Deterministic, replayable workloads: rate schedules, key distributions, records.
 
-Record ``i`` of a run is a pure function of ``(seed, i)`` (DESIGN.md §4):
+Record ``i`` of a run is a pure function of ``(seed, i)``, so a run can be replayed and
+verified:
 
 * its **scheduled emission time** comes from the rate schedule: the schedule is a
   sequence of per-second rates ``r[s]`` (piecewise constant, like the thesis'
