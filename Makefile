@@ -27,3 +27,4 @@ bench:          ## push latency, start-up time, sink vs Spark, MPC, planners, si
 
 lint:
 	.venv/bin/ruff check .
+	PYTHONPATH=. .venv/bin/lint-imports

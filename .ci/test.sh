@@ -10,7 +10,7 @@ export STREAMWISE_VAR=${STREAMWISE_VAR:-$PWD/var/test}
 export STREAMWISE_DATA_ROOT=${STREAMWISE_DATA_ROOT:-$PWD/../shared/data}
 export SECRET_KEY=test-only
 status=0
-.venv/bin/ruff check . || status=1
+make --no-print-directory lint || status=1  # ruff and the layer contracts (.importlinter)
 echo "=== tests on PostgreSQL"
 DATABASE_URL=${PG_TEST_URL:-postgres://postgres@127.0.0.1:5432/streamwise} \
   .venv/bin/python -m pytest "$@" || status=1

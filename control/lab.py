@@ -15,6 +15,7 @@ from django.db import transaction
 from control import sim
 from control.sim import engine
 from control.models import MAX_WORKERS_LIMIT, LabRun, LabStatus, Policy
+from pipelines.queue import Task, enqueue
 
 # The presets offered in the form: the thesis' grid (Table 7.2 strategies, NoSw and
 # Sw h = 1..3) and the baselines.
@@ -34,11 +35,9 @@ SUMMARY_FIELDS = list(engine.SUMMARY_FIELDS)
 
 def start_lab(user: Any, name: str, scenario: dict) -> LabRun:
     """Store the comparison and queue it; the page follows its progress."""
-    from control.tasks import run_lab
-
     lab = LabRun.objects.create(name=name, scenario=scenario, created_by=user,
                                 total=len(scenario["strategies"]) * scenario["steps"])
-    transaction.on_commit(lambda: run_lab.delay(lab.pk))
+    transaction.on_commit(lambda: enqueue(Task.RUN_LAB, lab.pk))
     return lab
 
 

@@ -29,6 +29,7 @@ from control.models import Decision, DecisionOutcome, Policy
 from control.strategies.mpc import Config
 from pipelines import actions, launch
 from pipelines.models import Run, RunStatus
+from pipelines.queue import Task, enqueue
 from pipelines.runtime import bus as busmod
 from pipelines.runtime import power
 
@@ -126,11 +127,9 @@ def _tick(run: Run, r: Any) -> Decision | None:
     for alert in d.alerts:
         raise_alert(run, alert, decision)
     if outcome == DecisionOutcome.PENDING:
-        from control import tasks
-
         r.set(_key(run, "pending"), decision.pk,
               ex=int(settings.COMMAND_ACK_TIMEOUT_S) * 2 + 30)
-        tasks.apply_decision.delay(decision.pk)
+        enqueue(Task.APPLY_DECISION, decision.pk)
     return decision
 
 
@@ -175,9 +174,7 @@ def raise_alert(run: Run, message: str, decision: Decision | None = None) -> Non
     payload = {"decision": decision.step if decision else None}
     actions.record_event(run, "alert", ACTOR, message, payload)
     if run.policy.alert_webhook:
-        from control import tasks
-
-        tasks.send_webhook.delay(run.policy.alert_webhook, {
+        enqueue(Task.SEND_WEBHOOK, run.policy.alert_webhook, {
             "run": run.pk, "policy": run.policy.name, "message": message,
             "at": timezone.now().isoformat(), **payload})
 

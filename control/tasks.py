@@ -5,7 +5,7 @@ import logging
 
 from celery import shared_task
 
-from control import lab
+from control import lab, loop
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +19,6 @@ def run_lab(lab_id: int) -> str:
 @shared_task
 def control_tick_all() -> dict[str, int]:
     """Celery beat, every second: one tick for each run whose control step is due."""
-    from control import loop
-
     decided = 0
     for run in loop.due_runs():
         try:

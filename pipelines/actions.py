@@ -23,6 +23,7 @@ from pipelines.models import (
     RunEvent,
     RunStatus,
 )
+from pipelines.queue import Task, enqueue
 
 log = logging.getLogger(__name__)
 
@@ -122,22 +123,18 @@ def update_config(run: Run, **fields: Any) -> None:
 
 def create_run(pipeline: Pipeline, policy: Policy, user: Any) -> Run:
     """Create a run of the pipeline's current version and queue its start."""
-    from pipelines import tasks
-
     run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
                              created_by=user, workers=0,
                              key_groups=int(pipeline.definition.get("key_groups", 8)))
     record_event(run, "created", actor_for(user),
                  f"run of {pipeline.name} v{pipeline.version} under policy {policy.name}")
-    transaction.on_commit(lambda: tasks.start_run.delay(run.pk, actor_for(user)))
+    transaction.on_commit(lambda: enqueue(Task.START_RUN, run.pk, actor_for(user)))
     return run
 
 
 def request_stop(run: Run, user: Any) -> None:
-    from pipelines import tasks
-
     record_event(run, "stop_requested", actor_for(user))
-    transaction.on_commit(lambda: tasks.stop_run.delay(run.pk, actor_for(user)))
+    transaction.on_commit(lambda: enqueue(Task.STOP_RUN, run.pk, actor_for(user)))
 
 
 def request_reconfiguration(run: Run, command: str, args: dict[str, Any], user: Any,
@@ -145,12 +142,10 @@ def request_reconfiguration(run: Run, command: str, args: dict[str, Any], user: 
     """Audit and queue one runner reconfiguration (``set_workers``, ``rebalance``,
     ``move_groups``, ``set_frequency``); the Celery task sends it and records the
     runner's acknowledgement."""
-    from pipelines import tasks
-
     record_event(run, "reconfigure_requested", actor_for(user), message,
                  {"command": command, **args})
-    transaction.on_commit(lambda: tasks.reconfigure_run.delay(
-        run.pk, {"command": command, "args": args}, actor_for(user)))
+    transaction.on_commit(lambda: enqueue(
+        Task.RECONFIGURE_RUN, run.pk, {"command": command, "args": args}, actor_for(user)))
 
 
 def request_workers(run: Run, workers: int, user: Any, schedule: str = "batched") -> None:

@@ -10,7 +10,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.conftest import SMALL_DEFINITION, stop_and_wait
-from webapp.browser import headless_chromium, log_in
+from pipelines.management.browser import headless_chromium, log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark]
 

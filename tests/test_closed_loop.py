@@ -18,7 +18,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from pipelines.runtime import calibration, definition
 from tests.conftest import stop_and_wait, wait_for
-from webapp.browser import headless_chromium, log_in
+from pipelines.management.browser import headless_chromium, log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark]
 STALE = (StaleElementReferenceException, NoSuchElementException)

@@ -17,7 +17,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipelines.runtime import definition, elastic, frequency, hft, placement, power, verify, workload
+from control import workload
+from pipelines.runtime import definition, elastic, frequency, hft, placement, power, verify
 from pipelines.runtime.query import output_path
 
 pytestmark = pytest.mark.dbless

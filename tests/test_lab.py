@@ -84,7 +84,7 @@ def test_execute_bundle_and_policy(operator) -> None:
 
 @pytest.fixture
 def browser():
-    from webapp.browser import headless_chromium
+    from pipelines.management.browser import headless_chromium
 
     driver = headless_chromium()
     yield driver
@@ -99,7 +99,7 @@ def test_lab_in_the_browser_runs_on_celery(live_stack, operator, browser) -> Non
     from selenium.webdriver.support.ui import WebDriverWait
 
     from control.models import LabRun, LabStatus
-    from webapp.browser import log_in
+    from pipelines.management.browser import log_in
 
     base = live_stack.base_url
     log_in(browser, base, "operator", "op-pass-123")

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from pipelines.runtime import workload as wl
-from pipelines.runtime.definition import data_root
+from control import workload as wl
+from control.workload import data_root
 
 pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from control.planning import migration as mig
-from control.sim.workloads import SHARED_DATA
+from control.workload import read_rate_trace, resolve_data_path
 
-TRACE = SHARED_DATA / "elastic-hft" / "random_walk_rates"
+TRACE = "elastic-hft/random_walk_rates"
 PLANNER_ORDER = ("ding", "ding-ordered", "ding-table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
 
 
@@ -42,9 +42,7 @@ class Scenario:
 
 def _rates(steps: int) -> list[float]:
     try:
-        from pipelines.runtime.workload import read_rate_trace
-
-        rates = read_rate_trace(TRACE)
+        rates = read_rate_trace(resolve_data_path(TRACE))
     except Exception:  # noqa: BLE001 - the trace is optional; fall back to a random walk
         rng = random.Random(1)
         rates, r = [], 300_000.0

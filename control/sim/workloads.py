@@ -13,7 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
+from control.workload import (
+    WorkloadError,
+    read_key_distribution,
+    read_rate_trace,
+    resolve_data_path,
+)
+
 RATE_KINDS = ("random_walk", "constant", "step", "sine", "spike", "trace")
 KEY_KINDS = ("file", "zipf", "uniform")
 
@@ -40,8 +46,6 @@ def number(doc: dict, key: str, default: float | None = None, low: float | None 
 
 def read_rate_file(path: Path) -> list[float]:
     """The shipped ``SECOND RATE`` trace, read by the runtime's own reader."""
-    from pipelines.runtime.workload import WorkloadError, read_rate_trace
-
     try:
         return read_rate_trace(path)
     except WorkloadError as exc:
@@ -79,7 +83,7 @@ def rate_series(doc: dict, steps: int, step_s: float, rng: np.random.Generator) 
         if "rates" in doc:
             base = _rates_list(doc["rates"], w + "rates")
         else:
-            base = read_rate_file(SHARED_DATA / "elastic-hft" / "random_walk_rates")
+            base = read_rate_file(resolve_data_path("elastic-hft/random_walk_rates"))
         idx = np.minimum((t // 1).astype(int), len(base) - 1)
         out = np.asarray(base, dtype=float)[idx]
     elif kind == "trace":
@@ -125,9 +129,7 @@ def key_distribution(doc: dict) -> np.ndarray:
     if kind not in KEY_KINDS:
         raise ScenarioError(f"{w}kind: one of {', '.join(KEY_KINDS)}")
     if kind == "file":
-        from pipelines.runtime.workload import WorkloadError, read_key_distribution
-
-        path = SHARED_DATA / "elastic-hft" / "probability_distribution"
+        path = resolve_data_path("elastic-hft/probability_distribution")
         try:
             cdf = np.asarray(read_key_distribution(path).cdf)
         except WorkloadError as exc:

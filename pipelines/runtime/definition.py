@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from pipelines.runtime import workload as wl
+from control import workload as wl
+from control.workload import resolve_data_path
 
 RATE_KINDS = ("constant", "step", "sine", "random_walk", "trace")
 KEY_KINDS = ("uniform", "zipf", "file")
@@ -52,17 +51,6 @@ class DefinitionError(ValueError):
         self.path = path
         self.message = message
         super().__init__(f"{path}: {message}" if path else message)
-
-
-def data_root() -> Path:
-    """Where relative trace/distribution paths are resolved (the shipped data)."""
-    default = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-    return Path(os.environ.get("STREAMWISE_DATA_ROOT", str(default)))
-
-
-def resolve_data_path(name: str) -> Path:
-    p = Path(name)
-    return p if p.is_absolute() else data_root() / p
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import DoubleType, LongType, StructField, StructType
 
-from pipelines.runtime import definition, workload
+from control import workload
+from pipelines.runtime import definition
 
 SOURCE_NAME = "streamwise_generator"
 SCHEMA = StructType([

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipelines.runtime import definition, hft, workload
+from control import workload
+from pipelines.runtime import definition, hft
 from pipelines.runtime.query import output_path
 
 MAX_PROBLEMS = 20

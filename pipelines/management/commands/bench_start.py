@@ -35,7 +35,7 @@ from pipelines.management.commands.up import product_processes
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import cluster
 from pipelines.runtime.definition import DEMO_DEFINITION
-from webapp.browser import headless_chromium, log_in
+from pipelines.management.browser import headless_chromium, log_in
 
 STAGES = ("runner:runner_started", "runner:session_started", "runner:executors_ready",
           "runner:query_started")

@@ -20,6 +20,7 @@ Django import so a verifier, a simulator or a notebook can use it.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,6 +39,18 @@ _VALUE_STREAM = 0x76616C  # "val"
 # that a demo never sees the seam, short enough to precompute cheaply.
 RANDOM_WALK_SECONDS = 3600
 SINE_RESOLUTION_S = 1  # sine schedules are discretised to 1 s steps like the traces
+
+
+def data_root() -> Path:
+    """Where relative trace and key-distribution paths are found: STREAMWISE_DATA_ROOT,
+    else the shipped data beside the checkout (``../shared/data``)."""
+    default = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path(os.environ.get("STREAMWISE_DATA_ROOT", str(default)))
+
+
+def resolve_data_path(name: str | Path) -> Path:
+    p = Path(name)
+    return p if p.is_absolute() else data_root() / p
 
 
 class WorkloadError(ValueError):
