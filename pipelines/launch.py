@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ from django.conf import settings
 
 from pipelines.runtime import bus as busmod
 from pipelines.runtime import cluster
+from pipelines.runtime import standby as sb
 
 
 class LaunchError(RuntimeError):
@@ -64,17 +68,119 @@ def spawn_detached(args: list[str], log_path: Path, cwd: Path, env: dict[str, st
     return int(text)
 
 
-def launch_runner(config: dict[str, Any], checkpoint_dir: Path) -> int:
+def write_runner_config(config: dict[str, Any], checkpoint_dir: Path) -> Path:
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = checkpoint_dir / "runner.json"
     cfg_path.write_text(json.dumps(config, indent=1))
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
-    env.pop("DJANGO_SETTINGS_MODULE", None)  # the runner has no Django
+    return cfg_path
+
+
+def launch_runner(config: dict[str, Any], checkpoint_dir: Path) -> int:
+    cfg_path = write_runner_config(config, checkpoint_dir)
     return spawn_detached([sys.executable, "-m", RUNNER_MODULE, str(cfg_path)],
-                          checkpoint_dir / "runner.log", Path(settings.BASE_DIR), env)
+                          checkpoint_dir / "runner.log", Path(settings.BASE_DIR),
+                          _runner_env())
 
 
 RUNNER_MODULE = "pipelines.runtime.runner"
+STANDBY_SPAWN_LOCK = "streamwise:standby:spawning"
+
+
+def _runner_env() -> dict[str, str]:
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # the runner has no Django
+    return env
+
+
+def launch_standby(master: str) -> tuple[str, int]:
+    """Start a standby runner on ``master``; returns (standby id, pid)."""
+    standby_id = uuid.uuid4().hex[:12]
+    work = Path(settings.STANDBY_ROOT) / standby_id
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = sb.StandbyConfig(standby_id=standby_id, redis_url=settings.REDIS_URL,
+                           master_url=master, work_dir=str(work),
+                           max_workers=settings.STANDBY_MAX_WORKERS,
+                           executor_memory=settings.EXECUTOR_MEMORY)
+    (work / "standby.json").write_text(json.dumps(asdict(cfg), indent=1))
+    r = busmod.connect(settings.REDIS_URL)
+    # Counted as alive at once, before its Python has started and set this itself.
+    r.set(sb.alive_key(standby_id), 0, ex=60)
+    pid = spawn_detached([sys.executable, "-m", RUNNER_MODULE, "--standby",
+                          str(work / "standby.json")], work / "standby.log",
+                         Path(settings.BASE_DIR), _runner_env())
+    return standby_id, pid
+
+
+def standby_ids(r: Any) -> set[str]:
+    """Standbys alive (warming up or offered)."""
+    return {key.split(":")[2] for key in r.scan_iter("streamwise:standby:*:alive")}
+
+
+def maintain_standbys(settling_runs: int) -> str | None:
+    """Start a standby when fewer than STANDBY_RUNNERS live, unless a run is starting or
+    just started (a standby's warm-up would compete with it for the cores). Returns the
+    new standby's id."""
+    if settings.STANDBY_RUNNERS < 1 or settling_runs:
+        return None
+    r = busmod.connect(settings.REDIS_URL)
+    if len(standby_ids(r)) >= settings.STANDBY_RUNNERS:
+        return None
+    try:
+        master = master_url()
+    except LaunchError:
+        return None  # no cluster (yet): nothing to keep warm
+    if not r.set(STANDBY_SPAWN_LOCK, 1, nx=True, ex=30):
+        return None
+    standby_id, _pid = launch_standby(master)
+    return standby_id
+
+
+def claim_standby(config: dict[str, Any], checkpoint_dir: Path) -> sb.Offer | None:
+    """Hand the run to a warm standby that fits it (its config written as for a cold
+    runner); None if there is none. Offers that do not fit stay offered."""
+    r = busmod.connect(settings.REDIS_URL)
+    passed: list[str] = []
+    claimed = None
+    try:
+        for _ in range(r.llen(sb.READY_KEY)):
+            raw = r.lpop(sb.READY_KEY)
+            if raw is None:
+                break
+            offer = sb.Offer.from_json(raw)
+            if process_state(offer.pid) != "alive":
+                continue  # died while offered: drop it
+            if sb.fits(offer, config) is not None:
+                passed.append(raw)
+                continue
+            claimed = offer
+            break
+    finally:
+        for raw in passed:
+            r.rpush(sb.READY_KEY, raw)
+    if claimed is None:
+        return None
+    cfg_path = write_runner_config(config, checkpoint_dir)
+    r.rpush(sb.config_key(claimed.standby_id), str(cfg_path))
+    r.expire(sb.config_key(claimed.standby_id), 300)
+    return claimed
+
+
+def stop_standbys() -> int:
+    """SIGTERM every standby that is still only a standby (``up`` on its way out)."""
+    r = busmod.connect(settings.REDIS_URL)
+    pids = set()
+    while (raw := r.lpop(sb.READY_KEY)) is not None:
+        pids.add(sb.Offer.from_json(raw).pid)
+    for standby_id in standby_ids(r):
+        raw_pid = r.get(sb.alive_key(standby_id))
+        if raw_pid and raw_pid.isdigit() and int(raw_pid):
+            pids.add(int(raw_pid))
+    stopped = 0
+    for pid in pids:
+        if process_state(pid) == "alive":
+            os.kill(pid, signal.SIGTERM)
+            stopped += 1
+    return stopped
 
 
 def process_state(pid: int | None) -> str:

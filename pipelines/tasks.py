@@ -3,12 +3,15 @@ or late delivery finds the run's status and does nothing harmful, saying why."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
+from datetime import timedelta
 from pathlib import Path
 
 from celery import shared_task
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from pipelines import actions, launch
@@ -16,6 +19,7 @@ from pipelines.models import ACTIVE_STATUSES, Run, RunStatus
 from pipelines.runtime import bus as busmod
 
 WORKER = "celery"
+log = logging.getLogger(__name__)
 
 
 @shared_task
@@ -45,16 +49,20 @@ def start_run(run_id: int, actor: str = "system") -> str:
         bus = launch.run_bus(run)
         bus.reset()
         bus.mark_live()
-        pid = launch.launch_runner(config, checkpoint_dir)
+        offer = launch.claim_standby(config, checkpoint_dir)
+        pid = offer.pid if offer else launch.launch_runner(config, checkpoint_dir)
     except Exception as exc:
         actions.transition(run, RunStatus.FAILED, WORKER, f"could not launch the runner: {exc}")
         return f"failed: {exc}"
     actions.update_config(run, runner_pid=pid, checkpoint_dir=str(checkpoint_dir),
                           launched_at=timezone.now())
-    actions.record_event(run, "runner_launched", WORKER, f"runner pid {pid}",
+    how = (f"warm standby {offer.standby_id} (Spark app {offer.app_id})" if offer
+           else "a new runner")
+    actions.record_event(run, "runner_launched", WORKER, f"runner pid {pid}: {how}",
                          {"pid": pid, "master_url": config["master_url"],
+                          "standby": offer.standby_id if offer else None,
                           "log": str(checkpoint_dir / "runner.log")})
-    return f"launched runner pid {pid}"
+    return f"launched runner pid {pid} ({how})"
 
 
 @shared_task
@@ -178,4 +186,12 @@ def reconcile_runs() -> dict[str, int]:
             ok = actions.transition(run, RunStatus.LOST, "reconciler", reason)
         bus.mark_done()
         changed += int(ok)
+    try:
+        # Runs starting or in their first batches: a standby's warm-up would slow them.
+        settling = Run.objects.filter(
+            Q(status=RunStatus.STARTING) | Q(status=RunStatus.RUNNING, started_at__gte=(
+                now - timedelta(seconds=settings.STANDBY_QUIET_S)))).count()
+        launch.maintain_standbys(settling)
+    except Exception:  # a standby is an optimisation: never fail the reconciler for it
+        log.exception("could not start a standby runner")
     return {"checked": checked, "changed": changed}

@@ -102,7 +102,9 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
     logs = Path(settings.VAR_DIR) / "test-logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    env = dict(os.environ, DATABASE_URL=db_url, RECONCILE_EVERY_S="2",
+    # No standby runners by default: each would hold an executor and warm up beside the
+    # runs under test (test_standby.py starts its own).
+    env = dict(os.environ, DATABASE_URL=db_url, RECONCILE_EVERY_S="2", STANDBY_RUNNERS="0",
                RUNNER_START_GRACE_S="60", PYTHONUNBUFFERED="1")
     py = sys.executable
     commands = {

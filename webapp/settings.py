@@ -116,6 +116,15 @@ SPARK_MASTER_URL = os.environ.get("SPARK_MASTER_URL", "embedded")
 SPARK_DIR = Path(os.environ.get("SPARK_DIR", VAR_DIR / "spark"))
 CHECKPOINT_ROOT = Path(os.environ.get("CHECKPOINT_ROOT", VAR_DIR / "checkpoints"))
 EXECUTOR_MEMORY = os.environ.get("EXECUTOR_MEMORY", "512m")
+# Warm standby runners kept ready on the embedded cluster (pipelines.runtime.standby): a
+# run that one fits starts its query at once instead of starting Spark. 0 turns them off.
+STANDBY_RUNNERS = int(os.environ.get("STANDBY_RUNNERS", "1"))
+# spark.cores.max of a standby's application: runs whose policy allows more workers
+# start cold. The standby launches these executors once and keeps one.
+STANDBY_MAX_WORKERS = int(os.environ.get("STANDBY_MAX_WORKERS", "4"))
+STANDBY_ROOT = Path(os.environ.get("STANDBY_ROOT", VAR_DIR / "standby"))
+# A new standby is started only when no run started within this many seconds.
+STANDBY_QUIET_S = float(os.environ.get("STANDBY_QUIET_S", "30"))
 # A run that has been "starting" this long without a heartbeat is lost.
 RUNNER_START_GRACE_S = float(os.environ.get("RUNNER_START_GRACE_S", "30"))
 COMMAND_ACK_TIMEOUT_S = float(os.environ.get("COMMAND_ACK_TIMEOUT_S", "150"))

@@ -38,16 +38,16 @@ from typing import Any
 
 from pipelines.runtime import bus as busmod
 from pipelines.runtime import definition, elastic, frequency, placement, power
+from pipelines.runtime.session import (
+    EXECUTOR_WAIT_S,
+    EXTRA_EXECUTOR_WAIT_S,
+    apply_run_conf,
+    build_session,
+)
 
 # PySpark (and the modules that import it) are imported lazily: the first heartbeat
 # must not wait for seconds of imports on a loaded machine.
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-EXECUTOR_WAIT_S = 90.0
-# After the initial executors registered: how long to wait for the rest of
-# spark.cores.max (they start together; one that comes later still is released by the
-# late-executor check between batches).
-EXTRA_EXECUTOR_WAIT_S = 3.0
 
 
 @dataclass
@@ -101,9 +101,12 @@ def _offset(raw: Any) -> int | None:
 
 
 class Runner:
-    def __init__(self, cfg: RunnerConfig, bus: busmod.RunBus) -> None:
+    def __init__(self, cfg: RunnerConfig, bus: busmod.RunBus,
+                 session: Any = None, standby_id: str | None = None) -> None:
         self.cfg = cfg
         self.bus = bus
+        self.adopted_session = session  # a standby's warm SparkSession, if adopted
+        self.standby_id = standby_id
         self.spec = definition.validate(cfg.definition)
         self.schedule = self.spec.schedule()
         self.stop_event = threading.Event()
@@ -164,48 +167,16 @@ class Runner:
         self._shutdown()
 
     def _start_session(self) -> None:
-        from pyspark.sql import SparkSession
-
-        os.environ["PYSPARK_PYTHON"] = sys.executable
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         cfg = self.cfg
-        builder = (
-            SparkSession.builder.master(cfg.master_url)
-            .appName(f"streamwise-run-{cfg.run_id}")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.cores.max", str(cfg.max_workers))
-            .config("spark.executor.cores", "1")
-            .config("spark.executor.memory", cfg.executor_memory)
-            .config("spark.pyspark.python", sys.executable)
-            .config("spark.executorEnv.PYTHONPATH", str(PROJECT_ROOT))
-            .config("spark.executorEnv.STREAMWISE_DATA_ROOT", str(definition.data_root()))
-            .config("spark.sql.shuffle.partitions", str(self.spec.key_groups))
-            .config("spark.sql.adaptive.enabled", "false")
-            .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
-            .config("spark.sql.streaming.stateStore.providerClass",
-                    STATE_STORE_PROVIDERS[self.spec.state_store])
-            .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
-                    "true")
-            .config("spark.decommission.enabled", "true")
-            .config("spark.storage.decommission.enabled", "true")
-            .config("spark.storage.decommission.shuffleBlocks.enabled", "true")
-            .config("spark.storage.decommission.replicationReattemptInterval", "5s")
-            .config("spark.standalone.executorRemoveDelayOnDisconnection", "0s")
-            # The monitor reads each batch's tasks from the status store: keep enough
-            # (the defaults retain 1,000 stages/jobs, far more than needed).
-            .config("spark.ui.retainedJobs", "300")
-            .config("spark.ui.retainedStages", "300")
-            .config("spark.sql.ui.retainedExecutions", "50")
-        )
-        if cfg.locality_wait is not None:
-            builder = builder.config("spark.locality.wait", cfg.locality_wait)
-        if self.spec.keep_output:
-            # The verifier needs every batch's offsets: keep the whole metadata log (Spark
-            # purges all but the last 100 batches by default).
-            builder = builder.config("spark.sql.streaming.minBatchesToRetain", "100000000")
-        self.spark = builder.getOrCreate()
+        if self.adopted_session is not None:
+            # A standby runner's warm session (pipelines.runtime.standby): its JVM,
+            # executor and Python workers are up and have run a micro-batch already.
+            self.spark = self.adopted_session
+        else:
+            self.spark = build_session(cfg.master_url, f"streamwise-run-{cfg.run_id}",
+                                       cfg.max_workers, cfg.executor_memory,
+                                       cfg.locality_wait)
+        apply_run_conf(self.spark, self.spec)
         self.spark.sparkContext.setLogLevel("WARN")
         from pipelines.runtime.executors import ExecutorControl
 
@@ -216,18 +187,22 @@ class Runner:
         # while the executors start, not when the first batch's metrics need it.
         threading.Thread(target=self._warm_rest, name="warm-rest", daemon=True).start()
         self.bus.publish_event("session_started", app_id=sc.applicationId,
-                               spark_ui=sc.uiWebUrl, max_workers=self.cfg.max_workers)
+                               spark_ui=sc.uiWebUrl, max_workers=self.cfg.max_workers,
+                               standby=self.standby_id)
         # Standalone launches spark.cores.max executors at once. Wait for the initial
         # ones (and briefly for the rest, which register at about the same time), then
         # decommission the extras while there is no state to lose, without waiting for
         # them to exit (~5 s): a decommissioning executor gets no new task, so the query
         # can start at once (it was 5 of the ~20 s from Start to the first batch).
         initial = self.cfg.initial_workers
+        if self.adopted_session is not None:
+            # The standby kept one executor and a target of one: raise it if needed.
+            self.executors.request_total(initial)
         ids = self.executors.wait_for(initial, EXECUTOR_WAIT_S)
         if not ids:
             raise RuntimeError(f"no executor registered within {EXECUTOR_WAIT_S:.0f}s; "
                                "is the Spark worker up and does it have free cores?")
-        if self.cfg.max_workers > initial:
+        if self.cfg.max_workers > initial and self.adopted_session is None:
             ids = self.executors.wait_for(self.cfg.max_workers, EXTRA_EXECUTOR_WAIT_S)
         keep, extras = ids[:initial], ids[initial:]
         for extra in reversed(extras):
@@ -767,26 +742,31 @@ class Runner:
 RECONFIGURATIONS = ("set_workers", "move_groups", "rebalance", "set_frequency")
 MIGRATION_TIMEOUT_S = 600.0
 LOAD_WINDOW = 5  # batches over which a group's load is averaged
-STATE_STORE_PROVIDERS = {
-    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
-}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 2 and argv[0] == "--standby":
+        return standby_main(argv[1])
     if len(argv) != 1:
-        print("usage: python -m pipelines.runtime.runner CONFIG.json", file=sys.stderr)
+        print("usage: python -m pipelines.runtime.runner CONFIG.json\n"
+              "       python -m pipelines.runtime.runner --standby STANDBY.json",
+              file=sys.stderr)
         return 2
+    return run_main(argv[0])
+
+
+def run_main(config_path: str, session: Any = None, standby_id: str | None = None) -> int:
+    """Run one run from its config file (in a standby: on the standby's session)."""
     try:
-        cfg = RunnerConfig.load(argv[0])
+        cfg = RunnerConfig.load(config_path)
         runner_bus = busmod.RunBus(busmod.connect(cfg.redis_url), cfg.bus_key)
     except (OSError, ValueError, TypeError) as exc:
-        print(f"error: bad runner config {argv[0]}: {exc}", file=sys.stderr)
+        print(f"error: bad runner config {config_path}: {exc}", file=sys.stderr)
         return 2
     runner_bus.heartbeat(pid=os.getpid(), phase="starting", batches=0, workers=0)
     try:
-        runner = Runner(cfg, runner_bus)
+        runner = Runner(cfg, runner_bus, session=session, standby_id=standby_id)
     except definition.DefinitionError as exc:
         runner_bus.publish_event("failed", reason=f"invalid definition: {exc}")
         return 1
@@ -808,6 +788,45 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         runner.stop_event.set()
         runner.end_heartbeat()
+
+
+def standby_main(standby_path: str) -> int:
+    """A standby runner (pipelines.runtime.standby): warm up, offer itself, and run the
+    run that adopts it."""
+    from pipelines.runtime import standby as sb
+
+    try:
+        cfg = sb.StandbyConfig.load(standby_path)
+    except (OSError, ValueError, TypeError) as exc:
+        print(f"error: bad standby config {standby_path}: {exc}", file=sys.stderr)
+        return 2
+    node = sb.Standby(cfg)
+    signal.signal(signal.SIGTERM, lambda *_: node.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: node.stop.set())
+    try:
+        config_path = node.serve()
+    except BaseException:
+        traceback.print_exc()
+        node.close()
+        return 1
+    if config_path is None:
+        print(f"standby {cfg.standby_id} withdrawn", flush=True)
+        node.close()
+        return 0
+    node.r.delete(sb.alive_key(cfg.standby_id))
+    # From here on this process is the run's runner: its log is the run's runner.log
+    # (the JVM's own output stays in the standby's log, named there).
+    run_log = Path(config_path).with_name("runner.log")
+    print(f"standby {cfg.standby_id} adopted by {config_path}; runner log {run_log}",
+          flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with open(run_log, "ab", buffering=0) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    print(f"adopted standby {cfg.standby_id} (app {node.offer.app_id if node.offer else '?'}"
+          f"); Spark's own log: {Path(standby_path).with_name('standby.log')}", flush=True)
+    return run_main(config_path, session=node.spark, standby_id=cfg.standby_id)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@ logs in with headless Chromium and, ``--runs`` times: submits the Start form on 
 for the demo pipeline under a 1-2 worker policy, and reads the moment the run page
 received its first metrics point over the WebSocket (browser and benchmark share this
 machine's clock); then stops the run. Each run's start-up stages (runner, session,
-executors, query, first batch) are read from its audited events.
+executors, query, first batch) are read from its audited events. Before each Start it
+waits, as an operator would, until the product's warm standby runner is offered
+(pipelines.runtime.standby; STANDBY_RUNNERS=0 measures cold starts), and says which
+kind each run got.
 
 The baseline, measured in the same run on the same cluster, is a bare PySpark
 application started in a fresh Python process: SparkSession.getOrCreate() and a
@@ -28,12 +31,14 @@ from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError
 
 from control.models import Policy
-from pipelines import actions
+from pipelines import actions, launch
 from pipelines.management.benchkit import (PASSWORD, bench_operator, free_port, start_logged,
                                            wait_port)
 from pipelines.management.commands.up import product_processes
 from pipelines.models import Pipeline, Run
+from pipelines.runtime import bus as busmod
 from pipelines.runtime import cluster
+from pipelines.runtime import standby
 from pipelines.runtime.definition import DEMO_DEFINITION
 from pipelines.management.browser import headless_chromium, log_in
 
@@ -96,13 +101,15 @@ class Command(BaseCommand):
             base = f"http://127.0.0.1:{port}"
             log_in(driver, base, "bench", PASSWORD)
             for i in range(n):
+                waited = self._wait_standby()
                 bare.append(bare_session_s(info.master_url))
-                first, stages = self._one_start(driver, base, pipeline, policy)
+                first, stages, how = self._one_start(driver, base, pipeline, policy)
                 firsts.append(first)
                 self.stdout.write(
-                    f"  run {i + 1}/{n}: first point {first:.1f} s after Start ("
+                    f"  run {i + 1}/{n}: first point {first:.1f} s after Start on {how} ("
                     + ", ".join(f"{k.split(':')[1]} {v:.1f}" for k, v in stages.items())
-                    + f"); bare Spark start {bare[-1][1]:.1f} s (session {bare[-1][0]:.1f})")
+                    + f"); bare Spark start {bare[-1][1]:.1f} s (session {bare[-1][0]:.1f})"
+                    + (f"; waited {waited:.0f} s for the standby" if waited >= 1 else ""))
         finally:
             if driver is not None:
                 driver.quit()
@@ -110,6 +117,7 @@ class Command(BaseCommand):
                     "pending", "starting", "running")):
                 actions.request_stop(run, user)
             self._wait_all_ended(user)
+            launch.stop_standbys()
             for proc in procs:
                 os.killpg(proc.pid, signal.SIGTERM)
             for proc in procs:
@@ -125,7 +133,7 @@ class Command(BaseCommand):
             f"{'met' if med <= 15 else 'NOT met'}")
 
     def _one_start(self, driver, base: str, pipeline: Pipeline,
-                   policy: Policy) -> tuple[float, dict[str, float]]:
+                   policy: Policy) -> tuple[float, dict[str, float], str]:
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -143,11 +151,29 @@ class Command(BaseCommand):
         created = run.created_at.timestamp()
         stages = {e.kind: e.at.timestamp() - created
                   for e in run.events.filter(kind__in=STAGES).order_by("at")}
+        launched = run.events.filter(kind="runner_launched").first()
+        standby = launched.payload.get("standby") if launched else None
+        how = f"standby {standby}" if standby else "a cold runner"
         actions.request_stop(run, run.created_by)
         deadline = time.monotonic() + 90
         while not Run.objects.get(pk=run.pk).is_terminal and time.monotonic() < deadline:
             time.sleep(0.5)
-        return first, stages
+        return first, stages, how
+
+    @staticmethod
+    def _wait_standby(timeout_s: float = 300.0) -> float:
+        """Wait (as an operator would between runs) until a warm standby is offered,
+        when the product keeps one; returns the seconds waited."""
+        if settings.STANDBY_RUNNERS < 1:
+            return 0.0
+        r = busmod.connect(settings.REDIS_URL)
+        started = time.monotonic()
+        while not r.llen(standby.READY_KEY):
+            if time.monotonic() - started > timeout_s:
+                raise CommandError(f"no standby runner was ready within {timeout_s:.0f} s; "
+                                   f"see {settings.STANDBY_ROOT}")
+            time.sleep(0.5)
+        return time.monotonic() - started
 
     @staticmethod
     def _wait_all_ended(user: User) -> None:

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from pipelines import launch
 from pipelines.runtime import calibration, cluster
 from pipelines.runtime.definition import ELASTIC_DEFINITION
 from pipelines.runtime.harness import HarnessError
@@ -174,6 +175,10 @@ class Command(BaseCommand):
         for _name, proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
+        try:  # after beat is told to stop, so that it starts no new standby
+            launch.stop_standbys()
+        except Exception as exc:
+            self.stderr.write(f"could not stop the standby runners: {exc}")
         deadline = time.monotonic() + 15
         for _name, proc in self.procs:
             try:

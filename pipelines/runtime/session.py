@@ -1,0 +1,76 @@
+"""The Spark application a runner (or a standby) works in: one builder for every run,
+and the pipeline's own settings applied as runtime SQL confs, so that a standby's warm
+session can serve any run it fits. No Django import."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from control.workload import data_root
+from pipelines.runtime import definition
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+EXECUTOR_WAIT_S = 90.0
+# After the initial executors registered: how long to wait for the rest of
+# spark.cores.max (they start together; one that comes later still is released by the
+# late-executor check between batches).
+EXTRA_EXECUTOR_WAIT_S = 3.0
+
+STATE_STORE_PROVIDERS = {
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+}
+
+
+def build_session(master_url: str, app_name: str, max_workers: int,
+                  executor_memory: str, locality_wait: str | None = None) -> Any:
+    """A SparkSession on the cluster with what every run needs (1-core executors,
+    decommissioning, no AQE); what differs between pipelines is set by
+    ``apply_run_conf`` (runtime SQL confs), so a standby's session fits any run."""
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.master(master_url)
+        .appName(app_name)
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.cores.max", str(max_workers))
+        .config("spark.executor.cores", "1")
+        .config("spark.executor.memory", executor_memory)
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.executorEnv.PYTHONPATH", str(PROJECT_ROOT))
+        .config("spark.executorEnv.STREAMWISE_DATA_ROOT", str(data_root()))
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                "true")
+        .config("spark.decommission.enabled", "true")
+        .config("spark.storage.decommission.enabled", "true")
+        .config("spark.storage.decommission.shuffleBlocks.enabled", "true")
+        .config("spark.storage.decommission.replicationReattemptInterval", "5s")
+        .config("spark.standalone.executorRemoveDelayOnDisconnection", "0s")
+        # The monitor reads each batch's tasks from the status store: keep enough
+        # (the defaults retain 1,000 stages/jobs, far more than needed).
+        .config("spark.ui.retainedJobs", "300")
+        .config("spark.ui.retainedStages", "300")
+        .config("spark.sql.ui.retainedExecutions", "50")
+    )
+    if locality_wait is not None:
+        builder = builder.config("spark.locality.wait", locality_wait)
+    return builder.getOrCreate()
+
+
+def apply_run_conf(spark: Any, spec: definition.PipelineSpec) -> None:
+    """The pipeline's own settings, as runtime SQL confs (read when its query starts)."""
+    spark.conf.set("spark.sql.shuffle.partitions", str(spec.key_groups))
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass",
+                   STATE_STORE_PROVIDERS[spec.state_store])
+    # The verifier needs every batch's offsets: keep the whole metadata log (Spark purges
+    # all but the last 100 batches by default).
+    spark.conf.set("spark.sql.streaming.minBatchesToRetain",
+                   "100000000" if spec.keep_output else "100")
