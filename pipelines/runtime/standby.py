@@ -45,20 +45,13 @@ ALIVE_EVERY_S = 3.0
 # control plane starts a fresh one): a long-lived idle application only holds memory.
 MAX_IDLE_S = 6 * 3600.0
 
-# Two micro-batches of a small keyed count through the real source, operators and sink:
-# loads and compiles what a run's first batch would otherwise pay for.
+# Two micro-batches of the demo pipeline (filter, map, keyed count) at a small constant
+# rate, through the real source and sink: loads and compiles what a run's first batch
+# would otherwise pay for.
 WARM_UP_DEFINITION: dict[str, Any] = {
-    "source": {"type": "generator", "seed": 5, "partitions": 2,
-               "rate": {"kind": "constant", "records_per_s": 2000},
-               "keys": {"kind": "uniform", "n": 1000}},
-    "operators": [
-        {"type": "filter", "field": "value", "op": "<", "value": 995},
-        {"type": "map", "field": "value", "fn": "scale", "arg": 1.01},
-        {"type": "keyed_aggregate", "key": "key", "agg": "count", "field": "value"},
-    ],
-    "sink": {"type": "latency"},
-    "key_groups": 4,
-    "trigger_ms": 0,
+    **definition.DEMO_DEFINITION,
+    "source": {**definition.DEMO_DEFINITION["source"],
+               "rate": {"kind": "constant", "records_per_s": 2000}},
 }
 WARM_UP_BATCHES = 2
 
