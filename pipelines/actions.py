@@ -10,7 +10,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from control.models import Policy
@@ -76,10 +76,20 @@ def save_pipeline(pipeline: Pipeline, user: Any) -> Pipeline:
 # ---------------------------------------------------------------------------- runs
 def record_event(run: Run, kind: str, actor: str, message: str = "",
                  payload: dict[str, Any] | None = None, source_id: str = "") -> RunEvent | None:
+    """Audit one event of ``run`` and push it to its page. An event relayed from the
+    runner carries its stream entry id (``source_id``) and is recorded once, even when two
+    relays (e.g. one restarting while the old one drains) deliver it at the same time."""
     if source_id and RunEvent.objects.filter(run=run, source_id=source_id).exists():
         return None
-    event = RunEvent.objects.create(run=run, kind=kind, actor=actor, message=message,
-                                    payload=payload or {}, source_id=source_id)
+    try:
+        with transaction.atomic():  # a savepoint: the caller's transaction survives
+            event = RunEvent.objects.create(run=run, kind=kind, actor=actor,
+                                            message=message, payload=payload or {},
+                                            source_id=source_id)
+    except IntegrityError:
+        if not source_id:
+            raise
+        return None  # the other relay recorded it between our check and insert
     push(run.pk, {"type": "run.event", "event": event.as_dict()})
     return event
 
