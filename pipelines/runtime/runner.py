@@ -211,8 +211,9 @@ class Runner:
         self.workers = len(keep)
         self.bus.publish_event("executors_ready", executors=keep, released=extras,
                                max_workers=self.cfg.max_workers)
-        threading.Thread(target=self._warm_executors, args=(len(keep),), name="warm-python",
-                         daemon=True).start()
+        if self.adopted_session is None:  # a standby's executor has run two batches
+            threading.Thread(target=self._warm_executors, args=(len(keep),),
+                             name="warm-python", daemon=True).start()
         self.actuator = frequency.choose_actuator(sc.applicationId, self.f_max_ghz)
 
     def _warm_executors(self, n: int) -> None:
