@@ -25,6 +25,8 @@ STALE = (StaleElementReferenceException, NoSuchElementException)
 
 # Start -> the scale-up decision on the page (the issue's promise to a newcomer).
 SCALE_UP_WITHIN_S = 180
+# The decision -> the run at 2 workers: a failure detector, not a speed assumption.
+APPLY_WITHIN_S = 600
 
 
 def _fill_policy(browser, params: str, bound_ms: int) -> None:
@@ -45,7 +47,7 @@ def _fill_policy(browser, params: str, bound_ms: int) -> None:
 
 
 # The calibration (once per CI run, ~2 min) and phases that stretch on a slow machine.
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(2400)
 @pytest.mark.django_db(transaction=True)
 def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, operator,
                                                                   one_worker) -> None:
@@ -105,9 +107,20 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
                     pytest.fail(f"the run never reached {n} workers; decisions: "
                                 f"{workers_seen()}")
 
-            # Step up at plan.up_at_s: the controller must go to 2 workers ...
-            wait_workers(2, SCALE_UP_WITHIN_S)
-            up = Decision.objects.filter(run=run, chosen_workers=2).order_by("step").first()
+            def scale_up() -> Decision | None:
+                return Decision.objects.filter(run=run, action="scale", current_workers=1,
+                                               chosen_workers=2).order_by("step").first()
+
+            # Step up at plan.up_at_s: within SCALE_UP_WITHIN_S of Start the controller
+            # decides 1 -> 2 (a marker and the decision on the page) ...
+            try:
+                wait_for(lambda: scale_up() is not None,
+                         max(1.0, SCALE_UP_WITHIN_S - (time.monotonic() - clicked)),
+                         "the 1 -> 2 decision")
+            except pytest.fail.Exception:
+                pytest.fail(f"no 1 -> 2 decision within {SCALE_UP_WITHIN_S} s of Start; "
+                            f"decisions: {workers_seen()}")
+            up = scale_up()
             t0 = json.loads((Path(Run.objects.get(pk=run.pk).checkpoint_dir) / "t0")
                             .read_text())["t0"]
             assert up.action == "scale" and up.current_workers == 1
@@ -123,6 +136,18 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             print(f"closed loop: scale-up marker and '1 → 2' on the page {shown_after:.0f} s "
                   "after Start")
             assert shown_after <= SCALE_UP_WITHIN_S, shown_after
+            # ... and realises it: a new executor, then half of the key groups with their
+            # state move to it. How long that takes depends on the machine (an
+            # executor's JVM start, reloading 1M keys' state); the bound only catches
+            # a reconfiguration that never ends (the runner's own ack timeout).
+            wait_workers(2, APPLY_WITHIN_S)
+            wait_for(lambda: Decision.objects.get(pk=up.pk).outcome != "pending", 120,
+                     "the scale-up decision's outcome")
+            up.refresh_from_db()
+            assert up.outcome == "applied", (up.outcome, up.outcome_message)
+            applied_after = time.monotonic() - clicked
+            print(f"closed loop: 2 workers (executor started, state migrated) "
+                  f"{applied_after:.0f} s after Start")
             # The start-up card went through every stage.
             stages = browser.execute_script("return window.__streamwise.startup")
             assert set(stages) >= {"created", "runner", "session", "executors", "query",

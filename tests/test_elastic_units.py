@@ -386,3 +386,27 @@ def test_hft_window_and_state_store_validation() -> None:
             definition.validate({**definition.HFT_DEFINITION, **change})
         assert info.value.path == where
     assert definition.validate(COUNT_DOC).state_store == "rocksdb"
+
+
+def test_the_calibration_ramp_alternates_after_its_climb_and_ends_low() -> None:
+    """Whatever time the climb's batches take, the schedule after it alternates a low and
+    a high level (so batches past Spark's warm-up span both sizes) and then holds low."""
+    from pipelines.runtime import calibration
+
+    steps = calibration.ramp_definition(definition.ELASTIC_DEFINITION)["source"]["rate"][
+        "steps"]
+    climb_s = sum(s for _r, s in calibration.RAMP)
+    after = [rate for t, rate in steps if t >= climb_s]
+    low, high = (r for r, _s in calibration.ALTERNATE)
+    assert after[:-1] == [low, high] * calibration.ALTERNATIONS and after[-1] == low
+    assert [t for t, _r in steps] == sorted(t for t, _r in steps)
+
+
+def test_calibration_fits_only_batches_of_different_sizes() -> None:
+    from pipelines.runtime import calibration
+
+    same = [{"input_rows": n} for n in (28_000, 28_500, 27_900, 28_200)]
+    mixed = same + [{"input_rows": n} for n in (150_000, 160_000)]
+    assert not calibration.spread_ok(same)
+    assert calibration.spread_ok(mixed)
+    assert not calibration.spread_ok(same[:1])

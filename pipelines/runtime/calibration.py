@@ -32,14 +32,22 @@ from pipelines.runtime.harness import HarnessError, RunnerProcess
 # (records/s, seconds). A burst first fills the keyed state (a record's cost grows with
 # the state: ~7 µs at 1M keys against ~2 µs at 100K on this machine), then the low level
 # covers the controller's warm-up batches, which are slower per record and would
-# steepen the slope, and the draining of the burst. The last level holds until the fit
-# has enough batches: on a slow or busy machine the ramp's time passes in a few large
-# batches (the source generates by the clock), and the fit needs points, not seconds.
+# steepen the slope, and the draining of the burst; then a climb through the rates.
 RAMP: tuple[tuple[float, int], ...] = ((150_000.0, 7), (5_000.0, 30), (20_000.0, 12),
-                                       (50_000.0, 12), (100_000.0, 12), (160_000.0, 12),
-                                       (20_000.0, 0))
+                                       (50_000.0, 12), (100_000.0, 12), (160_000.0, 12))
+# After the climb the rate alternates between a low and a high level until the fit has
+# enough batches of different sizes. On a slow or busy machine the climb's time can pass
+# inside Spark's warm-up batches (the source generates by the clock, so a slow batch
+# takes in a large one), and one level held after it gives batches of one size: no
+# slope (CI with one core kept busy saw twelve batches of ~28K records in 1.4 s each).
+# Alternating levels give any run of batches past the warm-up both sizes.
+ALTERNATE: tuple[tuple[float, int], ...] = ((20_000.0, 12), (100_000.0, 12))
+ALTERNATIONS = 20
 # Batches past the warm-up the least-squares fit waits for.
 MIN_FIT_BATCHES = 12
+# The fit's batches must differ in size by this much (standard deviation over the mean)
+# to separate the per-record cost from the fixed cost.
+MIN_SPREAD = 0.25
 # A stored calibration older than this is measured again (the machine may have changed).
 MAX_AGE_S = 7 * 24 * 3600.0
 
@@ -108,6 +116,16 @@ def step_plan(cal: Calibration) -> StepPlan:
     return StepPlan(low, high, up_at, down_at, bound_ms)
 
 
+def spread_ok(batches: list[dict[str, Any]]) -> bool:
+    """Whether the batches' sizes differ enough to fit a slope."""
+    sizes = [float(m["input_rows"]) for m in batches]
+    if len(sizes) < 2:
+        return False
+    mean = sum(sizes) / len(sizes)
+    std = (sum((n - mean) ** 2 for n in sizes) / len(sizes)) ** 0.5
+    return std >= MIN_SPREAD * mean
+
+
 def shape_of(definition: dict[str, Any]) -> str:
     """What the capacity depends on: the pipeline without its rate schedule."""
     doc = json.loads(json.dumps(definition))
@@ -118,7 +136,7 @@ def shape_of(definition: dict[str, Any]) -> str:
 def ramp_definition(definition: dict[str, Any]) -> dict[str, Any]:
     """The pipeline under the calibration ramp (a per-second step schedule)."""
     steps, t = [], 0
-    for rate, seconds in RAMP:
+    for rate, seconds in RAMP + ALTERNATE * ALTERNATIONS + ((ALTERNATE[0][0], 0),):
         steps.append([t, rate])
         t += seconds
     doc = json.loads(json.dumps(definition))
@@ -136,22 +154,32 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
 
     ramp_s = sum(s for _r, s in RAMP)
     progress(f"calibration: one worker under a {ramp_s} s ramp of "
-             f"{', '.join(f'{r / 1000:.0f}K' for r, _s in RAMP)} records/s, "
-             f"until {MIN_FIT_BATCHES} batches past the warm-up")
+             f"{', '.join(f'{r / 1000:.0f}K' for r, _s in RAMP)} records/s, then "
+             f"{' / '.join(f'{r / 1000:.0f}K' for r, _s in ALTERNATE)} alternating "
+             f"until {MIN_FIT_BATCHES} batches past the warm-up differ enough in size")
 
     def usable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [m for m in metrics
                 if m["batch_id"] >= WARMUP_BATCHES and not m.get("failed_tasks")
                 and m["input_rows"] > 0]
 
+    def enough(metrics: list[dict[str, Any]], t0: float) -> bool:
+        used = usable(metrics)
+        return (bool(metrics) and metrics[-1]["t"] > t0 + ramp_s
+                and len(used) >= MIN_FIT_BATCHES and spread_ok(used))
+
     token = f"calib{int(time.time())}"
     # A fresh checkpoint each time (a runner refuses to resume one without its clock).
     run_dir = Path(work) / token
     with RunnerProcess(run_dir, master_url, ramp_definition(definition), redis_url,
                        run_id=run_id, token=token, max_workers=1, initial_workers=1) as run:
-        run.wait_until(lambda: run.metrics and run.metrics[-1]["t"] > run.t0 + ramp_s
-                       and len(usable(run.metrics)) >= MIN_FIT_BATCHES,
-                       ramp_s + 420, "the calibration ramp")
+        try:
+            run.wait_until(lambda: enough(run.metrics, run.t0), ramp_s + 480,
+                           "the calibration ramp")
+        except HarnessError as exc:
+            seen = ", ".join(f"{m['input_rows']} in {m['batch_duration_ms'] / 1000:.1f} s"
+                             for m in usable(run.metrics))
+            raise HarnessError(f"{exc}; batches past the warm-up: {seen or 'none'}") from exc
         used = usable(run.metrics)
     run.bus.reset()
     shutil.rmtree(run_dir, ignore_errors=True)  # its 1M-key state is of no further use
@@ -161,7 +189,7 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
     # also insists that o stays below the fastest batch (so that it never predicts a
     # batch faster than one seen); here jitter of +-0.1 s on ~0.6 s batches put the
     # line's intercept a few ms above the fastest one and refused a clear slope.
-    if len(x) < 8 or x.std() < 0.25 * x.mean():
+    if len(x) < 8 or not spread_ok(used):
         seen = ", ".join(f"{n:.0f} in {t:.1f} s" for n, t in zip(x, d))
         raise HarnessError(f"calibration: {len(x)} batches past the warm-up, of too "
                            f"similar sizes to fit a slope ({seen})")
