@@ -165,7 +165,7 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
 
     def enough(metrics: list[dict[str, Any]], t0: float) -> bool:
         used = usable(metrics)
-        return (bool(metrics) and metrics[-1]["t"] > t0 + ramp_s
+        return (metrics[-1]["t"] > t0 + ramp_s
                 and len(used) >= MIN_FIT_BATCHES and spread_ok(used))
 
     token = f"calib{int(time.time())}"
@@ -174,7 +174,9 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
     with RunnerProcess(run_dir, master_url, ramp_definition(definition), redis_url,
                        run_id=run_id, token=token, max_workers=1, initial_workers=1) as run:
         try:
-            run.wait_until(lambda: enough(run.metrics, run.t0), ramp_s + 480,
+            # (t0 is known once the query has started, and metrics come only after.)
+            run.wait_until(lambda: bool(run.metrics) and enough(run.metrics, run.t0),
+                           ramp_s + 480,
                            "the calibration ramp")
         except HarnessError as exc:
             seen = ", ".join(f"{m['input_rows']} in {m['batch_duration_ms'] / 1000:.1f} s"
