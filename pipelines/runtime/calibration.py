@@ -8,10 +8,12 @@ form of the service time in Kingman's formula, thesis Eq. 6.9, with the batch ov
 as the service time) is fitted by least squares to the batches after Spark's warm-up.
 Capacity is 1/c records/s; o is the fixed cost of a micro-batch.
 
-The ramp climbs until records, not the fixed cost, dominate a batch: the fit uses each
-batch's real size, so an overloaded batch is as good a point as any, and its size is
-what gives the slope leverage (at low rates one worker's fixed cost per batch, ~1 s
-here, dwarfs the per-record cost and batch jitter hides the slope).
+After a burst that fills the keyed state and a low level that covers Spark's warm-up,
+the rate alternates between a low level, where a batch is little more than its fixed
+cost, and a high one, where records dominate it. The fit uses each batch's real size,
+so an overloaded batch is as good a point as any and gives the slope its leverage,
+while the drained low batches pin the intercept (at one rate alone, o and c cannot be
+told apart, and batch jitter hides the slope).
 
     cal = load_or_calibrate(path, master_url, work_dir, redis_url, definition)
     cal.capacity_rps, cal.overhead_s
@@ -32,22 +34,24 @@ from pipelines.runtime.harness import HarnessError, RunnerProcess
 # (records/s, seconds). A burst first fills the keyed state (a record's cost grows with
 # the state: ~7 µs at 1M keys against ~2 µs at 100K on this machine), then the low level
 # covers the controller's warm-up batches, which are slower per record and would
-# steepen the slope, and the draining of the burst; then a climb through the rates.
-RAMP: tuple[tuple[float, int], ...] = ((150_000.0, 7), (5_000.0, 30), (20_000.0, 12),
-                                       (50_000.0, 12), (100_000.0, 12), (160_000.0, 12))
-# After the climb the rate alternates between a low and a high level until the fit has
-# enough batches of different sizes. On a slow or busy machine the climb's time can pass
-# inside Spark's warm-up batches (the source generates by the clock, so a slow batch
-# takes in a large one), and one level held after it gives batches of one size: no
-# slope (CI with one core kept busy saw twelve batches of ~28K records in 1.4 s each).
-# Alternating levels give any run of batches past the warm-up both sizes.
-ALTERNATE: tuple[tuple[float, int], ...] = ((20_000.0, 12), (100_000.0, 12))
-ALTERNATIONS = 20
+# steepen the slope, and the draining of the burst.
+RAMP: tuple[tuple[float, int], ...] = ((150_000.0, 7), (5_000.0, 30))
+# Then the rate alternates, low long enough for a slow machine to drain what the high
+# level left, high short enough not to bury it: until the fit has its batches and at
+# least MIN_CYCLES cycles have passed. A climb through ever higher rates (up to 160K/s)
+# and one level held after it did not work on a busy machine: with one core kept busy
+# the climb left a backlog of millions of records, every batch after the warm-up held
+# 300K-1.7M of them, and the intercept (o, 4.6 s) was extrapolated far from any batch.
+ALTERNATE: tuple[tuple[float, int], ...] = ((5_000.0, 20), (80_000.0, 8))
+MIN_CYCLES = 3
+ALTERNATIONS = 40
 # Batches past the warm-up the least-squares fit waits for.
 MIN_FIT_BATCHES = 12
 # The fit's batches must differ in size by this much (standard deviation over the mean)
 # to separate the per-record cost from the fixed cost.
 MIN_SPREAD = 0.25
+# How long the calibration may take before it gives up (the schedule alternates as long).
+CALIBRATION_TIMEOUT_S = 900.0
 # A stored calibration older than this is measured again (the machine may have changed).
 MAX_AGE_S = 7 * 24 * 3600.0
 
@@ -152,11 +156,12 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
 
     from control.live import MIN_R2, WARMUP_BATCHES
 
-    ramp_s = sum(s for _r, s in RAMP)
-    progress(f"calibration: one worker under a {ramp_s} s ramp of "
-             f"{', '.join(f'{r / 1000:.0f}K' for r, _s in RAMP)} records/s, then "
-             f"{' / '.join(f'{r / 1000:.0f}K' for r, _s in ALTERNATE)} alternating "
-             f"until {MIN_FIT_BATCHES} batches past the warm-up differ enough in size")
+    ramp_s = (sum(s for _r, s in RAMP)
+              + MIN_CYCLES * sum(s for _r, s in ALTERNATE))
+    progress(f"calibration: one worker under {', '.join(f'{r / 1000:.0f}K' for r, _s in RAMP)}"
+             f" records/s, then {' / '.join(f'{r / 1000:.0f}K' for r, _s in ALTERNATE)} "
+             f"alternating, at least {ramp_s} s and until {MIN_FIT_BATCHES} batches past "
+             "the warm-up differ enough in size")
 
     def usable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [m for m in metrics
@@ -176,7 +181,7 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
         try:
             # (t0 is known once the query has started, and metrics come only after.)
             run.wait_until(lambda: bool(run.metrics) and enough(run.metrics, run.t0),
-                           ramp_s + 480,
+                           CALIBRATION_TIMEOUT_S,
                            "the calibration ramp")
         except HarnessError as exc:
             seen = ", ".join(f"{m['input_rows']} in {m['batch_duration_ms'] / 1000:.1f} s"
