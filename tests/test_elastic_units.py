@@ -410,3 +410,31 @@ def test_calibration_fits_only_batches_of_different_sizes() -> None:
     assert not calibration.spread_ok(same)
     assert calibration.spread_ok(mixed)
     assert not calibration.spread_ok(same[:1])
+
+
+@pytest.mark.parametrize("overhead_s,capacity,warmup_s", [(0.6, 145_000.0, 25.0),
+                                                           (1.5, 41_000.0, 100.0)])
+def test_the_demo_step_needs_two_workers_exactly_while_high(overhead_s: float,
+                                                            capacity: float,
+                                                            warmup_s: float) -> None:
+    """On the calibrated model: low and two workers at high meet the bound, one worker at
+    high does not, even if the live per-record cost is 1.6x lower than the calibrated
+    one; the step comes near the measured warm-up's end and falls after it."""
+    from control.live import LATENCY_QUANTILE
+    from pipelines.runtime import calibration
+
+    cal = calibration.Calibration(overhead_s=overhead_s, cost_per_record_s=1 / capacity,
+                                  capacity_rps=capacity, batches=12, measured_at=0.0,
+                                  shape="x", warmup_s=warmup_s)
+    plan = calibration.step_plan(cal)
+
+    def p95_ms(rate: float, workers: int, cost_ratio: float = 1.0) -> float:
+        rho = rate / (workers * capacity * cost_ratio)
+        return 1000 * (1 + LATENCY_QUANTILE) * overhead_s / (1 - rho) if rho < 1 else 1e12
+
+    assert p95_ms(plan.low_rps, 1) < plan.bound_ms
+    assert p95_ms(plan.high_rps, 2) < plan.bound_ms
+    assert p95_ms(plan.high_rps, 1) > plan.bound_ms
+    assert p95_ms(plan.high_rps, 1, cost_ratio=1.6) > plan.bound_ms
+    assert p95_ms(plan.low_rps, 1, cost_ratio=0.7) < plan.bound_ms
+    assert plan.up_at_s >= 0.9 * warmup_s and plan.down_at_s > plan.up_at_s + 60

@@ -32,3 +32,13 @@ def test_bad_config_is_refused_with_one_line(tmp_path, capsys) -> None:
     (tmp_path / "cfg.json").write_text('{"run_id": 1}')
     assert main([str(tmp_path / "cfg.json")]) == 2
     assert capsys.readouterr().err.startswith("error: bad runner config")
+
+
+def test_the_control_plane_waits_for_an_ack_as_long_as_a_migration_may_run() -> None:
+    """A scale-up's ack comes after the executor started and the migration finished; a
+    shorter wait marked it failed while the runner went on to apply it."""
+    from django.conf import settings
+
+    from pipelines.runtime.runner import MIGRATION_TIMEOUT_S
+
+    assert settings.COMMAND_ACK_TIMEOUT_S >= MIGRATION_TIMEOUT_S + 60

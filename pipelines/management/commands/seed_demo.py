@@ -33,7 +33,7 @@ def seed_elastic_demo(user: Any, cal: calibration.Calibration) -> tuple[Pipeline
     doc["source"]["rate"] = plan.rate(DEMO_CYCLES, DEMO_REST_S)
     description = (
         f"Keyed count over 1M uniform keys. Rate {plan.low_rps:,.0f} records/s, stepping to "
-        f"{plan.high_rps:,.0f} (90 % of one worker's measured capacity, "
+        f"{plan.high_rps:,.0f} (110 % of one worker's measured capacity, "
         f"{cal.capacity_rps:,.0f} records/s) from {plan.up_at_s} s to {plan.down_at_s} s "
         f"after start, then back; {DEMO_CYCLES} cycles.")
     pipeline = Pipeline.objects.filter(name=ELASTIC_PIPELINE).first()
@@ -43,7 +43,7 @@ def seed_elastic_demo(user: Any, cal: calibration.Calibration) -> tuple[Pipeline
     pipeline = actions.save_pipeline(pipeline, user)
     policy, _ = Policy.objects.update_or_create(name=ELASTIC_POLICY, defaults={
         "description": (f"Lat-Node MPC (Sw, h=2): p95 under {plan.bound_ms} ms (one worker's "
-                        "modelled p95 at 70 % utilisation, from the calibration) on 1-2 "
+                        "modelled p95 at 60 % utilisation, from the calibration) on 1-2 "
                         "workers; scales the elastic demo up while its rate is high and "
                         "back down after"),
         "latency_bound_ms": plan.bound_ms, "throughput_floor_rps": 0, "power_budget_w": 40,
