@@ -107,6 +107,13 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
                     pytest.fail(f"the run never reached {n} workers; decisions: "
                                 f"{workers_seen()}")
 
+            def settled(decision: Decision) -> Decision:
+                """The decision once its outcome is recorded: the runner's ack moves
+                Run.workers a moment before the Celery task records the outcome."""
+                wait_for(lambda: Decision.objects.get(pk=decision.pk).outcome != "pending",
+                         120, f"the outcome of decision {decision.step}")
+                return Decision.objects.get(pk=decision.pk)
+
             def scale_up() -> Decision | None:
                 return Decision.objects.filter(run=run, action="scale", current_workers=1,
                                                chosen_workers=2).order_by("step").first()
@@ -141,9 +148,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             # executor's JVM start, reloading 1M keys' state); the bound only catches
             # a reconfiguration that never ends (the runner's own ack timeout).
             wait_workers(2, APPLY_WITHIN_S)
-            wait_for(lambda: Decision.objects.get(pk=up.pk).outcome != "pending", 120,
-                     "the scale-up decision's outcome")
-            up.refresh_from_db()
+            up = settled(up)
             assert up.outcome == "applied", (up.outcome, up.outcome_message)
             applied_after = time.monotonic() - clicked
             print(f"closed loop: 2 workers (executor started, state migrated) "
@@ -159,11 +164,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             wait_workers(1, 360)
             down = Decision.objects.filter(run=run, action="scale", current_workers=2,
                                            chosen_workers=1).order_by("step").first()
-            # The runner's acknowledgement moves Run.workers a moment before the
-            # Celery task records the decision's outcome: wait for the outcome.
-            wait_for(lambda: Decision.objects.get(pk=down.pk).outcome != "pending", 120,
-                     "the scale-down decision's outcome")
-            down.refresh_from_db()
+            down = settled(down)
             assert down.action == "scale" and down.outcome == "applied", down.outcome_message
             assert down.t - t0 >= plan.down_at_s, ("scaled down before the rate fell", workers_seen())
             assert run.events.filter(kind="reconfigured", message__contains="workers").count() >= 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -137,11 +138,14 @@ def step_plan(cal: Calibration) -> StepPlan:
 def spread_ok(batches: list[dict[str, Any]]) -> bool:
     """Whether the batches' sizes differ enough to fit a slope."""
     sizes = [float(m["input_rows"]) for m in batches]
-    if len(sizes) < 2:
-        return False
-    mean = sum(sizes) / len(sizes)
-    std = (sum((n - mean) ** 2 for n in sizes) / len(sizes)) ** 0.5
-    return std >= MIN_SPREAD * mean
+    return (len(sizes) >= 2
+            and statistics.pstdev(sizes) >= MIN_SPREAD * statistics.fmean(sizes))
+
+
+def describe(batches: list[dict[str, Any]]) -> str:
+    """The batches as an error message lists them: records in seconds, each."""
+    return ", ".join(f"{m['input_rows']} in {m['batch_duration_ms'] / 1000:.1f} s"
+                     for m in batches) or "none"
 
 
 def shape_of(definition: dict[str, Any]) -> str:
@@ -198,9 +202,8 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
                            CALIBRATION_TIMEOUT_S,
                            "the calibration ramp")
         except HarnessError as exc:
-            seen = ", ".join(f"{m['input_rows']} in {m['batch_duration_ms'] / 1000:.1f} s"
-                             for m in usable(run.metrics))
-            raise HarnessError(f"{exc}; batches past the warm-up: {seen or 'none'}") from exc
+            raise HarnessError(f"{exc}; batches past the warm-up: "
+                               f"{describe(usable(run.metrics))}") from exc
         used = usable(run.metrics)
         warmup_s = used[0]["t"] - run.t0
     run.bus.reset()
@@ -212,9 +215,8 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
     # batch faster than one seen); here jitter of +-0.1 s on ~0.6 s batches put the
     # line's intercept a few ms above the fastest one and refused a clear slope.
     if len(x) < 8 or not spread_ok(used):
-        seen = ", ".join(f"{n:.0f} in {t:.1f} s" for n, t in zip(x, d))
         raise HarnessError(f"calibration: {len(x)} batches past the warm-up, of too "
-                           f"similar sizes to fit a slope ({seen})")
+                           f"similar sizes to fit a slope ({describe(used)})")
     slope, intercept = (float(v) for v in np.polyfit(x, d, 1))
     explained = 1.0 - float(np.var(d - (intercept + slope * x))) / max(float(np.var(d)),
                                                                      1e-12)
