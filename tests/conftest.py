@@ -21,6 +21,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """make test runs dbless tests only on PostgreSQL and single_pass tests only on
+    SQLite: a test marked both would run in neither pass."""
+    both = [i.nodeid for i in items
+            if i.get_closest_marker("dbless") and i.get_closest_marker("single_pass")]
+    if both:
+        raise pytest.UsageError(f"marked both dbless and single_pass: {', '.join(both)}")
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
              interval: float = 0.25) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail with ``what``."""

@@ -12,7 +12,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from tests.conftest import SMALL_DEFINITION, stop_and_wait
 from pipelines.management.browser import headless_chromium, log_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.spark]
+pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.single_pass]
 
 
 @pytest.fixture

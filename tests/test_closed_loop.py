@@ -20,7 +20,7 @@ from pipelines.runtime import calibration, definition
 from tests.conftest import stop_and_wait, wait_for
 from pipelines.management.browser import headless_chromium, log_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.spark]
+pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.single_pass]
 STALE = (StaleElementReferenceException, NoSuchElementException)
 
 # Start -> the scale-up decision on the page (the promise to a newcomer).

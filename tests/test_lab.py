@@ -92,6 +92,7 @@ def browser():
 
 
 @pytest.mark.browser
+@pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_lab_in_the_browser_runs_on_celery(live_stack, operator, browser) -> None:
     from selenium.common.exceptions import JavascriptException, WebDriverException

@@ -64,6 +64,7 @@ def test_run_metrics_reach_the_db_and_workers_change(live_stack, operator) -> No
     wait_for(lambda: process_state(run.runner_pid) != "alive", 30, "the runner to exit")
 
 
+@pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_a_killed_runner_is_marked_lost(live_stack, operator) -> None:
     from pipelines import actions
@@ -83,6 +84,7 @@ def test_a_killed_runner_is_marked_lost(live_stack, operator) -> None:
     assert "heartbeat missing" in run.status_reason
 
 
+@pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_a_runner_that_fails_reports_why(live_stack, operator) -> None:
     """A real failure inside the runner (its checkpoint already holds offsets, which

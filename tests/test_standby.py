@@ -34,6 +34,7 @@ def test_a_standby_fits_only_runs_its_application_can_serve() -> None:
 
 
 @pytest.mark.spark
+@pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_a_run_adopts_a_warm_standby_and_scales_from_it(live_stack, operator,
                                                         spark_cluster) -> None:
