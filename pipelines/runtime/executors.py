@@ -57,6 +57,25 @@ class ExecutorControl:
                 return ids
             time.sleep(0.25)
 
+    def keep_first(self, initial: int, launched: int, first_wait_s: float,
+                   rest_wait_s: float, reason: str) -> tuple[list[str], list[str]]:
+        """Before a query runs (no executor holds state yet): wait for the first
+        ``initial`` executors, then briefly for the rest of the ``launched`` ones
+        (standalone registers them at about the same time), and decommission the extras
+        without waiting for them to exit: a decommissioning executor gets no new task.
+        Returns (kept, released); fewer than ``initial`` are kept if no more came in time.
+        """
+        ids = self.wait_for(initial, first_wait_s)
+        if not ids:
+            raise RuntimeError(f"no executor registered within {first_wait_s:.0f}s; "
+                               "is the Spark worker up and does it have free cores?")
+        if launched > initial:
+            ids = self.wait_for(launched, rest_wait_s)
+        keep, extras = ids[:initial], ids[initial:]
+        for extra in reversed(extras):
+            self.decommission(extra, reason)
+        return keep, extras
+
     def start_scaling(self, n: int) -> tuple[list[str], list[str]]:
         """Ask for ``n`` executors now without waiting: raise the target, or decommission
         the newest extras. Returns (executors before, executors decommissioned)."""

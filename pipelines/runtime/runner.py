@@ -198,15 +198,10 @@ class Runner:
         if self.adopted_session is not None:
             # The standby kept one executor and a target of one: raise it if needed.
             self.executors.request_total(initial)
-        ids = self.executors.wait_for(initial, EXECUTOR_WAIT_S)
-        if not ids:
-            raise RuntimeError(f"no executor registered within {EXECUTOR_WAIT_S:.0f}s; "
-                               "is the Spark worker up and does it have free cores?")
-        if self.cfg.max_workers > initial and self.adopted_session is None:
-            ids = self.executors.wait_for(self.cfg.max_workers, EXTRA_EXECUTOR_WAIT_S)
-        keep, extras = ids[:initial], ids[initial:]
-        for extra in reversed(extras):
-            self.executors.decommission(extra, f"streamwise: start with {initial} workers")
+        launched = initial if self.adopted_session is not None else self.cfg.max_workers
+        keep, extras = self.executors.keep_first(initial, launched, EXECUTOR_WAIT_S,
+                                                 EXTRA_EXECUTOR_WAIT_S,
+                                                 f"streamwise: start with {initial} workers")
         self.releasing_at_start = set(extras)
         self.workers = len(keep)
         self.bus.publish_event("executors_ready", executors=keep, released=extras,

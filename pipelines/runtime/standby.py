@@ -181,12 +181,8 @@ class Standby:
                                    cfg.max_workers, cfg.executor_memory)
         self.spark.sparkContext.setLogLevel("WARN")
         executors = ExecutorControl(self.spark)
-        ids = executors.wait_for(1, EXECUTOR_WAIT_S)
-        if not ids:
-            raise RuntimeError(f"no executor registered within {EXECUTOR_WAIT_S:.0f}s")
-        ids = executors.wait_for(cfg.max_workers, EXTRA_EXECUTOR_WAIT_S)
-        for extra in reversed(ids[1:]):
-            executors.decommission(extra, "streamwise standby: keep one executor")
+        executors.keep_first(1, cfg.max_workers, EXECUTOR_WAIT_S, EXTRA_EXECUTOR_WAIT_S,
+                             "streamwise standby: keep one executor")
         executors.request_total(1)
         warm_s = warm_up(self.spark, Path(cfg.work_dir))
         executors.wait_for(1, 60, exact=True)  # the released extras have exited
