@@ -36,13 +36,13 @@ from control import forecasting as fc
 from control import sysmodel as sm
 from control.planning import PlanningError
 from control.planning import migration as planners
-from control.strategies import mpc, rules
+from control.strategies import RULES, STATICS, mpc, rules
 from control.strategies.controller import MpcController
 from control.strategies.mpc import Config
 
 MPC_STRATEGIES = tuple(sorted(mpc.THESIS_STRATEGIES))
-RULE_STRATEGIES = ("th-rule", "lat-rule", "spl", "peak-load", "ds2")
-STATIC_STRATEGIES = ("static-min", "static-max")
+RULE_STRATEGIES = RULES
+STATIC_STRATEGIES = STATICS
 LIVE_STRATEGIES = MPC_STRATEGIES + RULE_STRATEGIES + STATIC_STRATEGIES
 LATENCY_QUANTILE = 0.95
 FIT_WINDOW = 40  # batches used to fit o and c
@@ -71,7 +71,10 @@ FEEDBACK_LIMITS = (0.25, 4.0)
 REBALANCE_THRESHOLD = 0.3
 IMBALANCE_GAIN = 0.1
 REBALANCE_COOLDOWN_STEPS = 5
-REBALANCE_SCHEDULE = "batched"  # how its moves are paced (Megaphone, seed 003)
+# How its moves are paced (Megaphone, Hoffmann et al., VLDB 2019, §3.3).
+REBALANCE_SCHEDULE = "batched"
+# LiveController.to_state's format: a state of another version starts a fresh controller.
+STATE_VERSION = 1
 
 
 class LoopError(ValueError):
@@ -439,6 +442,50 @@ class LiveController:
             self._rule = rules.DS2(control_step_s=p.control_step_s,
                                    target_utilisation=params.get("target_utilisation", 0.7),
                                    **bounds)
+
+    # ----------------------------------------------------------------- state
+    def to_state(self) -> dict[str, Any]:
+        """What this controller learned across steps, as JSON (Python's json: a saturated
+        prediction stays Infinity). With the policy it rebuilds an equal controller
+        (:meth:`from_state`); the product keeps it in Redis between ticks."""
+        m = self.model
+        return {"version": STATE_VERSION, "strategy": self.policy.strategy,
+                "model": {"history": [list(h) for h in m.history], "overhead_s": m.overhead_s,
+                          "cost_s": m.cost_s, "slope_measured": m.slope_measured},
+                "step_index": self.step_index, "last_record": self.last_record,
+                "last_prediction": self.last_prediction,
+                "errors": {k: list(v) for k, v in self.errors.items()},
+                "violations": self.violations, "last_alerts": list(self.last_alerts),
+                "last_rebalance_step": self.last_rebalance_step, "rates": list(self._rates),
+                "mpc": self._mpc.state() if self._mpc is not None else None,
+                "rule": self._rule.state() if self._rule is not None else None}
+
+    @classmethod
+    def from_state(cls, policy: LoopPolicy, state: dict[str, Any]) -> LiveController:
+        """The controller :meth:`to_state` described, under ``policy`` (whose strategy
+        must be the one the state was written for)."""
+        if state.get("version") != STATE_VERSION or state.get("strategy") != policy.strategy:
+            raise LoopError("controller state: written by another version or for another "
+                            "strategy")
+        ctl = cls(policy)
+        model = state["model"]
+        ctl.model.history.extend(tuple(h) for h in model["history"])
+        ctl.model.overhead_s = float(model["overhead_s"])
+        ctl.model.cost_s = float(model["cost_s"])
+        ctl.model.slope_measured = bool(model["slope_measured"])
+        ctl.step_index = int(state["step_index"])
+        ctl.last_record = state["last_record"]
+        ctl.last_prediction = state["last_prediction"]
+        ctl.errors = {k: list(v) for k, v in state["errors"].items()}
+        ctl.violations = int(state["violations"])
+        ctl.last_alerts = tuple(state["last_alerts"])
+        ctl.last_rebalance_step = int(state["last_rebalance_step"])
+        ctl._rates.extend(state["rates"])
+        if ctl._mpc is not None:
+            ctl._mpc.restore(state["mpc"])
+        if ctl._rule is not None:
+            ctl._rule.restore(state["rule"])
+        return ctl
 
     # --------------------------------------------------------------- helpers
     def power_of(self, c: Config) -> float:

@@ -5,19 +5,21 @@
 * every running run whose policy has a strategy (not ``manual``) gets one tick per
   ``control_step_s``; a tick takes a per-run Redis lock, so one tick never overlaps the
   previous one for the same run (a slow tick makes the next one wait, never run twice);
-* the tick reads the runner's metrics records since its cursor straight from the run's
-  Redis stream (fresher than the database, and with every field), restores the run's
-  ``LiveController`` (forecaster, fitted model, feedback, model error) from Redis, decides,
-  stores a :class:`Decision`, pushes it to the run page, raises alerts (RunEvent, push,
-  optional webhook), and — unless the run is in dry-run or a reconfiguration is still
-  pending — queues ``control.tasks.apply_decision``, which sends the commands, waits
-  for the runner's acknowledgements and records when the change took effect.
+* the tick is one step of ``control.closedloop.ControlLoop`` (the same loop the closed-loop
+  benchmark runs) over this module's adapters: it reads the runner's metrics records
+  since its cursor straight from the run's Redis stream (fresher than the database, and
+  with every field), restores the run's ``LiveController`` (forecaster, fitted model,
+  feedback, model error) from its JSON state in Redis, decides, stores a
+  :class:`Decision`, pushes it to the run page, raises alerts (RunEvent, push, optional
+  webhook), and — unless the run is in dry-run or a reconfiguration is still pending —
+  queues ``control.tasks.apply_decision``, which sends the commands, waits for the
+  runner's acknowledgements and records when the change took effect.
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
-import pickle
 import time
 from typing import Any
 
@@ -25,6 +27,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from control import live
+from control.closedloop import ControlLoop, Outcome
 from control.models import Decision, DecisionOutcome, Policy
 from control.strategies.mpc import Config
 from pipelines import actions, launch
@@ -80,57 +83,115 @@ def tick(run: Run) -> Decision | None:
         r.delete(lock)
 
 
-def _tick(run: Run, r: Any) -> Decision | None:
-    import json
+class _RunMetrics:
+    """The runner's records since the tick cursor, straight from the run's Redis stream
+    (fresher than the database, and with every field)."""
 
-    cursor = r.get(_key(run, "cursor")) or "0-0"
-    entries = r.xrange(busmod.metrics_key(run.bus_key), min=f"({cursor}" if cursor != "0-0"
-                       else "-")
-    if not entries:
-        return None
-    records = [json.loads(fields["m"]) for _id, fields in entries]
-    controller = _load_controller(run)
-    if controller is None:
+    def __init__(self, run: Run, r: Any) -> None:
+        self.run, self.r, self.last_id = run, r, None
+
+    def collect(self) -> list[dict[str, Any]]:
+        cursor = self.r.get(_key(self.run, "cursor")) or "0-0"
+        entries = self.r.xrange(busmod.metrics_key(self.run.bus_key),
+                                min=f"({cursor}" if cursor != "0-0" else "-")
+        self.last_id = entries[-1][0] if entries else None
+        return [json.loads(fields["m"]) for _id, fields in entries]
+
+    def consumed(self) -> None:
+        if self.last_id is not None:
+            self.r.set(_key(self.run, "cursor"), self.last_id, ex=STATE_TTL_S)
+
+
+class _RunConfiguration:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def current(self, records: list[dict[str, Any]], f_max: float) -> Config:
+        return Config(self.run.workers or records[-1].get("workers") or 1,
+                      float(records[-1].get("frequency_ghz") or f_max))
+
+
+class _RedisControllers:
+    """The run's controller state as JSON in Redis; an edited policy starts a fresh
+    controller (its strategy or limits changed), so the key names the policy's version."""
+
+    def __init__(self, run: Run, r: Any) -> None:
+        self.r = r
+        self.key = _key(run, f"controller:{run.policy.updated_at.timestamp():.6f}")
+
+    def load(self) -> dict[str, Any] | None:
         try:
-            controller = live.LiveController(loop_policy(run.policy, run))
-        except live.LoopError as exc:
+            raw = self.r.get(self.key)
+            return json.loads(raw) if raw else None
+        except ValueError:  # not JSON text (a pickle from older code): start afresh
+            return None
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.r.set(self.key, json.dumps(state), ex=STATE_TTL_S)
+
+
+class _DatabaseDecisions:
+    """A Decision row per tick, pushed to the run page, its alerts audited; a pending
+    one holds the run's ``pending`` key until ``finish`` clears it."""
+
+    def __init__(self, run: Run, r: Any) -> None:
+        self.run, self.r = run, r
+
+    def pending(self) -> str | None:
+        pending = self.r.get(_key(self.run, "pending"))
+        return f"decision {pending}" if pending else None
+
+    def store(self, d: live.LiveDecision, outcome: Outcome, message: str) -> Decision:
+        run = self.run
+        first = d.predictions[0]
+        decision = Decision.objects.create(
+            run=run, t=d.t, step=_next_step(run), strategy=d.strategy, action=d.action,
+            outcome=DecisionOutcome(outcome.value), outcome_message=message,
+            current_workers=d.current["workers"], current_freq_ghz=d.current["freq_ghz"],
+            chosen_workers=d.chosen["workers"], chosen_freq_ghz=d.chosen["freq_ghz"],
+            measured_latency_ms=_ms(d.inputs.get("latency_s")),
+            predicted_latency_ms=_ms(first.get("latency_s")),
+            predicted_power_w=first.get("power_w"), solve_ms=d.solve_ms, reason=d.reason,
+            alerts=d.alerts, inputs=live.json_safe(d.inputs),
+            predictions=live.json_safe(d.predictions), cost=live.json_safe(d.cost),
+            model_error=live.json_safe(d.model_error))
+        actions.push(run.pk, {"type": "run.decision", "decision": decision.as_dict()})
+        for alert in d.alerts:
+            raise_alert(run, alert, decision)
+        if outcome is Outcome.PENDING:
+            self.r.set(_key(run, "pending"), decision.pk,
+                       ex=int(settings.COMMAND_ACK_TIMEOUT_S) * 2 + 30)
+        return decision
+
+
+class _CeleryActuator:
+    def realise(self, decision: live.LiveDecision, stored: Decision) -> None:
+        # apply_decision sends the commands, waits for the acks and calls ``finish``.
+        enqueue(Task.APPLY_DECISION, stored.pk)
+
+
+def control_loop(run: Run, r: Any) -> ControlLoop:
+    """The product's adapters around the one control loop (``control.closedloop``)."""
+    return ControlLoop(policy=loop_policy(run.policy, run), metrics=_RunMetrics(run, r),
+                       configuration=_RunConfiguration(run),
+                       controllers=_RedisControllers(run, r),
+                       decisions=_DatabaseDecisions(run, r), actuator=_CeleryActuator(),
+                       dry_run=run.dry_run)
+
+
+def _tick(run: Run, r: Any) -> Decision | None:
+    control = control_loop(run, r)
+    try:
+        done = control.tick()
+    except live.LoopError as exc:
+        control.metrics.consumed()
+        # Once per policy version: the next ticks would only repeat it.
+        if r.set(_key(run, f"refused:{run.policy.updated_at.timestamp():.6f}"), "1", nx=True,
+                 ex=STATE_TTL_S):
             actions.record_event(run, "controller_refused", ACTOR,
                                  f"policy {run.policy.name}: {exc}")
-            r.set(_key(run, "cursor"), entries[-1][0], ex=STATE_TTL_S)
-            return None
-    current = Config(run.workers or records[-1].get("workers") or 1,
-                     float(records[-1].get("frequency_ghz") or controller.policy.f_max))
-    d = controller.step(records, current)
-    r.set(_key(run, "cursor"), entries[-1][0], ex=STATE_TTL_S)
-    _save_controller(run, controller)
-    pending = r.get(_key(run, "pending"))
-    if d.action == "hold":
-        outcome, message = DecisionOutcome.HOLD, ""
-    elif run.dry_run:
-        outcome, message = DecisionOutcome.DRY_RUN, "dry run: decided, not sent"
-    elif pending:
-        outcome, message = DecisionOutcome.BUSY, f"decision {pending} is still being applied"
-    else:
-        outcome, message = DecisionOutcome.PENDING, "sent to the runner"
-    first = d.predictions[0]
-    decision = Decision.objects.create(
-        run=run, t=d.t, step=_next_step(run), strategy=d.strategy, action=d.action,
-        outcome=outcome, outcome_message=message, current_workers=d.current["workers"],
-        current_freq_ghz=d.current["freq_ghz"], chosen_workers=d.chosen["workers"],
-        chosen_freq_ghz=d.chosen["freq_ghz"],
-        measured_latency_ms=_ms(d.inputs.get("latency_s")),
-        predicted_latency_ms=_ms(first.get("latency_s")), predicted_power_w=first.get("power_w"),
-        solve_ms=d.solve_ms, reason=d.reason, alerts=d.alerts,
-        inputs=live.json_safe(d.inputs), predictions=live.json_safe(d.predictions),
-        cost=live.json_safe(d.cost), model_error=live.json_safe(d.model_error))
-    actions.push(run.pk, {"type": "run.decision", "decision": decision.as_dict()})
-    for alert in d.alerts:
-        raise_alert(run, alert, decision)
-    if outcome == DecisionOutcome.PENDING:
-        r.set(_key(run, "pending"), decision.pk,
-              ex=int(settings.COMMAND_ACK_TIMEOUT_S) * 2 + 30)
-        enqueue(Task.APPLY_DECISION, decision.pk)
-    return decision
+        return None
+    return done.stored if done is not None else None
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -141,31 +202,6 @@ def _ms(seconds: float | None) -> float | None:
 def _next_step(run: Run) -> int:
     last = Decision.objects.filter(run=run).order_by("-step").values_list("step", flat=True)
     return (last.first() or 0) + 1
-
-
-def _binary_redis() -> Any:
-    """The controller is pickled: it needs a client that does not decode to text."""
-    import redis
-
-    return redis.Redis.from_url(settings.REDIS_URL)
-
-
-def _controller_key(run: Run) -> str:
-    # An edited policy starts a fresh controller (its strategy or limits changed).
-    return _key(run, f"controller:{run.policy.updated_at.timestamp():.6f}")
-
-
-def _load_controller(run: Run) -> live.LiveController | None:
-    raw = _binary_redis().get(_controller_key(run))
-    try:
-        controller = pickle.loads(raw) if raw else None
-    except Exception:  # pickled by older code: start a fresh controller
-        return None
-    return controller if isinstance(controller, live.LiveController) else None
-
-
-def _save_controller(run: Run, controller: live.LiveController) -> None:
-    _binary_redis().set(_controller_key(run), pickle.dumps(controller), ex=STATE_TTL_S)
 
 
 def raise_alert(run: Run, message: str, decision: Decision | None = None) -> None:

@@ -7,6 +7,7 @@ from django import forms
 from control.models import Policy
 from pipelines.models import Pipeline
 from pipelines.runtime import definition as pdef
+from pipelines.runtime import elastic
 
 
 class PipelineForm(forms.ModelForm):
@@ -43,9 +44,8 @@ class StartRunForm(forms.Form):
     policy = forms.ModelChoiceField(queryset=Policy.objects.all(), empty_label=None)
 
 
-SCHEDULE_CHOICES = [(s, s) for s in ("batched", "fluid", "all-at-once")]
-PLANNER_CHOICES = [(p, p) for p in ("ding-table", "ding", "balanced", "flux",
-                                    "consistent-hash", "scratch")]
+SCHEDULE_CHOICES = [(s, s) for s in elastic.STRATEGIES]
+PLANNER_CHOICES = [(p, p) for p in elastic.PLANNERS]
 
 
 class WorkersForm(forms.Form):

@@ -120,6 +120,29 @@ def test_a_policy_the_loop_cannot_run_is_refused_once_with_why(local_operator, c
     assert loop.tick(run) is None
     refused = run.events.get(kind="controller_refused")
     assert "horizon: must be <= 5" in refused.message
+    _publish(run, range(4, 8), rate=800)
+    assert loop.tick(run) is None  # refused again, not said again
+    assert run.events.filter(kind="controller_refused").count() == 1
+
+
+@pytest.mark.django_db
+def test_the_controller_state_in_redis_is_json(local_operator, clean_bus) -> None:
+    from control import live, loop
+
+    run = _run(local_operator)
+    loop.set_dry_run(run, True, local_operator)
+    _publish(run, range(0, 6), rate=800)
+    loop.tick(run)
+    r = loop.launch.run_bus(run).r
+    keys = list(r.scan_iter(loop._key(run, "controller:*")))
+    assert len(keys) == 1
+    state = json.loads(r.get(keys[0]))
+    assert state["step_index"] == 1 and state["strategy"] == "lat-node"
+    r.set(keys[0], b"\x80\x04not json")  # what an older version (a pickle) left
+    _publish(run, range(6, 12), rate=800)
+    assert loop.tick(run).step == 2  # a fresh controller, the run's next decision
+    assert json.loads(r.get(keys[0]))["step_index"] == 1
+    assert live.STATE_VERSION == state["version"]
 
 
 @pytest.mark.django_db

@@ -228,3 +228,115 @@ def test_a_decision_becomes_runner_commands_workers_first() -> None:
                                          {"workers": 2, "freq_ghz": 2.0},
                                          "rebalance", plan) == [
         ("move_groups", {"moves": {"3": "1"}, "schedule": live.REBALANCE_SCHEDULE})]
+
+
+@pytest.mark.parametrize("strategy, params", [
+    ("lat-node", {"horizon": 2}), ("lat-power", {"forecaster": "ma3"}),
+    ("lat-node", {"forecaster": "last"}), ("th-rule", {}), ("lat-rule", {}), ("spl", {}),
+    ("ds2", {}), ("peak-load", {}), ("static-min", {})])
+def test_controller_state_round_trips_through_json(strategy, params) -> None:
+    """A controller rebuilt from its JSON state decides exactly as the one that kept
+    running (the product restores it from Redis at every tick)."""
+    kept = live.LiveController(_policy(strategy, params=params))
+    engine, cur = Fake(), Config(1, F_MAX)
+    rates = [800, 900, 5000, 5200, 6000, 900, 700, 4000, 800, 800]
+    for i, rate in enumerate(rates):
+        records = engine.records(rate, cur, 4.0)
+        if i >= 3:  # from here on, every step is taken by a controller restored from JSON
+            text = json.dumps(kept.to_state())
+            restored = live.LiveController.from_state(_policy(strategy, params=params),
+                                                      json.loads(text))
+            assert restored.to_state() == kept.to_state()
+            twin = restored.step(records, cur)
+        d = kept.step(records, cur)
+        if i >= 3:
+            assert twin.as_dict() | {"solve_ms": 0} == d.as_dict() | {"solve_ms": 0}
+            assert restored.to_state() == kept.to_state()
+        cur = Config(d.chosen["workers"], d.chosen["freq_ghz"])
+
+
+def test_a_state_for_another_strategy_or_version_is_refused() -> None:
+    state = live.LiveController(_policy("lat-node")).to_state()
+    with pytest.raises(live.LoopError):
+        live.LiveController.from_state(_policy("th-rule"), state)
+    with pytest.raises(live.LoopError):
+        live.LiveController.from_state(_policy("lat-node"), {**state, "version": 0})
+
+
+class _MemoryLoop:
+    """In-memory adapters for every port of control.closedloop.ControlLoop."""
+
+    def __init__(self, engine: Fake, pending: str | None = None) -> None:
+        self.engine, self.config, self.waiting = engine, Config(1, F_MAX), pending
+        self.rate, self.state_text, self.stored, self.sent = 800.0, None, [], []
+        self.new: list[dict] = []
+        self.consumed_batches = 0
+
+    def collect(self) -> list[dict]:
+        self.new = self.engine.records(self.rate, self.config, 4.0) if self.rate else []
+        return self.new
+
+    def consumed(self) -> None:
+        self.consumed_batches += len(self.new)
+
+    def current(self, records: list[dict], f_max: float) -> Config:
+        return self.config
+
+    def load(self) -> dict | None:
+        return json.loads(self.state_text) if self.state_text else None
+
+    def save(self, state: dict) -> None:
+        self.state_text = json.dumps(state)
+
+    def pending(self) -> str | None:
+        return self.waiting
+
+    def store(self, decision, outcome, message) -> int:
+        self.stored.append((decision.action, outcome, message))
+        return len(self.stored)
+
+    def realise(self, decision, stored) -> None:
+        self.sent.append((stored, decision.chosen))
+        self.config = Config(decision.chosen["workers"], decision.chosen["freq_ghz"])
+
+
+def _loop(ports: _MemoryLoop, **kw):
+    from control.closedloop import ControlLoop
+
+    return ControlLoop(policy=_policy("lat-node", params={"horizon": 2}), metrics=ports,
+                       configuration=ports, controllers=ports, decisions=ports,
+                       actuator=ports, **kw)
+
+
+def test_the_control_loop_decides_stores_and_realises_through_its_ports() -> None:
+    from control.closedloop import Outcome
+
+    ports = _MemoryLoop(Fake())
+    loop = _loop(ports)
+    ports.rate = 0
+    assert loop.tick() is None and ports.consumed_batches == 0  # nothing new: no step
+    ports.rate = 800
+    for rate in [800] * 3 + [6000] * 4:
+        ports.rate = rate
+        tick = loop.tick()
+        assert tick is not None and tick.stored == len(ports.stored)
+    outcomes = [o for _a, o, _m in ports.stored]
+    assert Outcome.PENDING in outcomes and ports.sent  # it scaled up, through the actuator
+    assert ports.sent[0][1]["workers"] > 1
+    assert loop.controller().step_index == len(ports.stored)  # state kept between ticks
+    assert ports.consumed_batches > 0
+
+
+@pytest.mark.parametrize("kw, pending, outcome, words", [
+    ({"dry_run": True}, None, "dry-run", "dry run"),
+    ({}, "decision 41", "busy", "decision 41 is still being applied")])
+def test_a_dry_run_or_a_pending_reconfiguration_sends_nothing(kw, pending, outcome,
+                                                              words) -> None:
+    ports = _MemoryLoop(Fake(), pending=pending)
+    loop = _loop(ports, **kw)
+    for rate in [800] * 2 + [6000] * 4:
+        ports.rate = rate
+        loop.tick()
+    acted = [(o, m) for a, o, m in ports.stored if a != "hold"]
+    assert acted and all(o == outcome and words in m for o, m in acted)
+    assert ports.sent == []

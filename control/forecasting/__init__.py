@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 class Forecaster:
@@ -20,6 +21,14 @@ class Forecaster:
 
     def forecast(self, h: int) -> list[float]:
         raise NotImplementedError
+
+    def state(self) -> dict[str, Any]:
+        """Every field (settings and what was observed), as JSON."""
+        return asdict(self)  # type: ignore[call-overload]  # each forecaster is a dataclass
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, list(value) if isinstance(value, list) else value)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from control.planning import migration as mig
 from control.workload import read_rate_trace, resolve_data_path
 
 TRACE = "elastic-hft/random_walk_rates"
-PLANNER_ORDER = ("ding", "ding-ordered", "ding-table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
+PLANNER_ORDER = mig.PLANNERS
 
 
 @dataclass

@@ -19,11 +19,10 @@ from control.sim import engine as en
 from control.sim import workloads as wl
 from control.sim.workloads import ScenarioError
 from control.sim.workloads import number as _num
-from control.strategies import mpc, rules
+from control.strategies import RULES, mpc, rules
 from control.strategies.controller import MpcController
 from control.strategies.mpc import Config
 
-RULES = ("th-rule", "lat-rule", "spl", "peak-load", "ds2")
 STRATEGY_NAMES = tuple(sorted(mpc.THESIS_STRATEGIES)) + RULES
 __all__ = ["ScenarioError", "STRATEGY_NAMES", "simulate", "parse_scenario", "build_controller"]
 

@@ -20,3 +20,7 @@ STRATEGIES: dict[str, str] = {
     "static-min": "Static: always the minimum workers (a baseline)",
     "static-max": "Static: always the maximum workers (a baseline)",
 }
+# The reactive rules (control/strategies/rules.py) and the static baselines, by name;
+# the MPC strategies are mpc.THESIS_STRATEGIES.
+RULES = ("th-rule", "lat-rule", "spl", "peak-load", "ds2")
+STATICS = ("static-min", "static-max")

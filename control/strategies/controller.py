@@ -77,6 +77,28 @@ class MpcController:
         self.feedback = feedback
         return decision
 
+    def state(self) -> dict[str, Any]:
+        """What the controller carries from step to step, as JSON (its settings come
+        from the policy): the forecaster, the Eq. 6.10 windows and the forecast scores."""
+        return {"forecaster": self.forecaster.state(),
+                "measured_wq": list(self._measured_wq),
+                "predicted_wq": list(self._predicted_wq),
+                "last_prediction": self._last_prediction, "next_rate": self._next_rate,
+                "rate_actual": list(self.rate_actual),
+                "rate_predicted": list(self.rate_predicted), "feedback": self.feedback}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.forecaster.restore(state["forecaster"])
+        self._measured_wq.clear()
+        self._measured_wq.extend(state["measured_wq"])
+        self._predicted_wq.clear()
+        self._predicted_wq.extend(state["predicted_wq"])
+        self._last_prediction = state["last_prediction"]
+        self._next_rate = state["next_rate"]
+        self.rate_actual = list(state["rate_actual"])
+        self.rate_predicted = list(state["rate_predicted"])
+        self.feedback = float(state["feedback"])
+
     @property
     def forecast_mape(self) -> float:
         """MAPE (%) of the one-step-ahead rate forecasts over this controller's run."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from control.strategies.mpc import Config
 
@@ -56,6 +57,13 @@ class _Bounded:
 
     def _clamp(self, n: int) -> int:
         return max(self.n_min, min(self.n_max, n))
+
+    def state(self) -> dict[str, Any]:
+        """What the rule learned across steps, as JSON (its settings are the policy's)."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take back what :meth:`state` returned."""
 
     def _threshold_step(self, obs: Observation, label: str, value: float, high: float,
                         low: float, step: int) -> RuleDecision:
@@ -115,6 +123,15 @@ class DS2(_Bounded):
     control_step_s: float = 2.0
     _since_scale_up_s: float = field(default=math.inf, repr=False)
 
+    def state(self) -> dict[str, Any]:
+        # JSON has no infinity: None is "no scale-up seen yet".
+        since = self._since_scale_up_s
+        return {"since_scale_up_s": since if math.isfinite(since) else None}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        since = state.get("since_scale_up_s")
+        self._since_scale_up_s = math.inf if since is None else float(since)
+
     def true_rate(self, obs: Observation) -> float | None:
         """Records one worker processes per second of busy time."""
         busy = obs.workers * obs.utilisation
@@ -159,6 +176,13 @@ class SPL(_Bounded):
     congestion_threshold: float = 0.1
     sensitivity: float = 0.9
     memory: dict[int, tuple[float, bool]] = field(default_factory=dict)
+
+    def state(self) -> dict[str, Any]:
+        return {"memory": [[n, tp, congested] for n, (tp, congested) in self.memory.items()]}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.memory = {int(n): (float(tp), bool(congested))
+                       for n, tp, congested in state.get("memory", [])}
 
     def decide(self, obs: Observation) -> RuleDecision:
         n, tp = obs.workers, obs.throughput

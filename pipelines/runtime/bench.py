@@ -3,14 +3,14 @@
     python -m pipelines.runtime.bench migration [--keys 250000,1000000,4000000] ...
     python -m pipelines.runtime.bench scale [--keys 1000000] ...
 
-``migration`` (Megaphone seed 003 §5.3's protocol, on Spark): per state size, a keyed
-count over uniform keys on 2 executors and G key groups is filled with a burst, runs
-steady, then half the groups are swapped between the executors with each schedule
-(all-at-once, fluid, batched; each swap reverses the previous one). Per schedule: max
-and p95 batch duration and per-batch latency during the migration vs the steady state
-just before it, migration duration, groups and bytes moved. Spark's default is the
-same pipeline with ``spark.locality.wait=0`` and no placement of ours: Spark moves
-groups by itself whenever an executor is free (``group_moves`` per batch).
+``migration`` (the protocol of Megaphone, Hoffmann et al., VLDB 2019, §5.3, on Spark):
+per state size, a keyed count over uniform keys on 2 executors and G key groups is
+filled with a burst, runs steady, then half the groups are swapped between the executors
+with each schedule (all-at-once, fluid, batched; each swap reverses the previous one).
+Per schedule: max and p95 batch duration and per-batch latency during the migration vs
+the steady state just before it, migration duration, groups and bytes moved. Spark's
+default is the same pipeline with ``spark.locality.wait=0`` and no placement of ours:
+Spark moves groups by itself whenever an executor is free (``group_moves`` per batch).
 
 ``scale``: 1 -> 2 -> 1 workers with planned migration + decommission (the runtime) vs
 Spark's default: raise the executor target (the new executor gets no state), and kill
@@ -35,10 +35,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.runtime import calibration, cluster, definition, verify
+from control.strategies.mpc import Config
+from pipelines.runtime import calibration, cluster, definition, elastic, power, verify
 from pipelines.runtime.harness import HarnessError, RunnerProcess
 
-SCHEDULES = ("all-at-once", "fluid", "batched")
+SCHEDULES = elastic.STRATEGIES
 
 
 def log(message: str) -> None:
@@ -388,28 +389,98 @@ def loop_trace(capacity: float, peak_factor: float, low_s: int, high_s: int,
             + [peak * (0.25 + 0.75 * (r - lo) / (hi - lo)) for r in walk])
 
 
+class HarnessLoop:
+    """The closed-loop benchmark's adapters around the product's control loop
+    (``control.closedloop.ControlLoop``): records from the runner harness, the
+    configuration its acknowledgements report, the controller state kept as JSON in
+    memory, decisions kept as this benchmark's step series, commands sent on the bus."""
+
+    def __init__(self, run: RunnerProcess, current: Config) -> None:
+        self.run, self.config, self.seen = run, current, run.metrics[-1]["batch_id"]
+        self.new: list[dict[str, Any]] = []
+        self.waiting: list[str] = []  # command ids sent and not yet acknowledged
+        self.state: str | None = None
+        self.steps: list[dict[str, Any]] = []
+
+    # MetricsSource
+    def collect(self) -> list[dict[str, Any]]:
+        self.new = [m for m in self.run.metrics if m["batch_id"] > self.seen]
+        return self.new
+
+    def consumed(self) -> None:
+        if self.new:
+            self.seen = self.new[-1]["batch_id"]
+
+    # ConfigurationReader: what the runner acknowledged
+    def current(self, records: list[dict[str, Any]], f_max: float) -> Config:
+        acks = {json.loads(f["a"])["command_id"]: json.loads(f["a"])
+                for _i, f in self.run.bus.r.xrange(f"run:{self.run.bus_key}:acks")}
+        for cid in [c for c in self.waiting if c in acks]:
+            self.waiting.remove(cid)
+            ack = acks[cid]
+            if ack["ok"] and "workers" in ack:
+                self.config = Config(ack["workers"], self.config.freq_ghz)
+            if ack["ok"] and "ghz" in ack:
+                self.config = Config(self.config.workers, ack["ghz"])
+        return self.config
+
+    # ControllerStore
+    def load(self) -> dict[str, Any] | None:
+        return json.loads(self.state) if self.state else None
+
+    def save(self, state: dict[str, Any]) -> None:
+        self.state = json.dumps(state)
+
+    # DecisionStore
+    def pending(self) -> str | None:
+        return f"commands {', '.join(self.waiting)}" if self.waiting else None
+
+    def store(self, decision: Any, outcome: str, message: str) -> dict[str, Any]:
+        obs = decision.inputs
+        step = {"t": decision.t - self.run.t0, "rate": obs["rate"],
+                "latency_s": obs["latency_s"], "throughput": obs["throughput"],
+                "backlog": obs["backlog"], "workers": obs["workers"],
+                "freq_ghz": obs["freq_ghz"], "power_w": obs["power_w"],
+                "batch_s": obs["batch_s"], "action": decision.action,
+                "chosen": decision.chosen, "outcome": str(outcome),
+                "alerts": decision.alerts, "rebalance": obs.get("rebalance"),
+                "predicted_latency_s": decision.predictions[0]["latency_s"],
+                "solve_ms": decision.solve_ms}
+        self.steps.append(step)
+        return step
+
+    # Actuator
+    def realise(self, decision: Any, stored: dict[str, Any]) -> None:
+        from control import live
+
+        # The decision's own current configuration, as apply_decision uses: an
+        # acknowledged 2.445 GHz is the settable 2.45, not a change.
+        self.waiting += [self.run.bus.send_command(command, **args)
+                         for command, args in live.reconfiguration_commands(
+                             decision.current, decision.chosen, decision.action,
+                             decision.inputs.get("rebalance"))]
+
+
 def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list[float],
              groups: int, keys: int, bound_s: float, step_s: float,
              max_workers: int) -> dict[str, Any]:
     from control import live
+    from control.closedloop import ControlLoop
     from control.live import LiveController, LoopPolicy
-    from control.strategies.mpc import Config
-    from pipelines.runtime import power
 
     doc = loop_definition(rates, groups, keys)
     initial = max_workers if strategy == "static-max" else 1
-    steps: list[dict[str, Any]] = []
     with RunnerProcess(work / f"loop-{strategy}", master, doc, redis_url,
                        max_workers=max_workers, initial_workers=initial,
                        token=f"loop{strategy}") as run:
         run.wait_batches(3)
         started = run.event("query_started")
         freqs = tuple(started.get("frequencies") or (1.0,))
-        ctl = LiveController(LoopPolicy(
+        policy = LoopPolicy(
             strategy=strategy, latency_bound_s=bound_s, min_workers=1,
             max_workers=max_workers, freqs_ghz=freqs, power=power.power_model(),
-            control_step_s=step_s, params=LOOP_PARAMS.get(strategy, {})))
-        current = Config(run.metrics[-1]["workers"], max(freqs))
+            control_step_s=step_s, params=LOOP_PARAMS.get(strategy, {}))
+        LiveController(policy)  # a policy the loop cannot run fails here, not mid-run
         run.wait_until(lambda: run.metrics[-1]["t"] >= run.t0 + LOOP_WARMUP_S - step_s,
                        LOOP_WARMUP_S + 60, "the end of the warm-up")
         if run.metrics[-1]["batch_id"] < live.WARMUP_BATCHES:
@@ -417,51 +488,17 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
                 f"{strategy}: only {run.metrics[-1]['batch_id'] + 1} batches in the "
                 f"{LOOP_WARMUP_S} s warm-up, the controller needs {live.WARMUP_BATCHES} "
                 "before it decides: slower batches than this benchmark expects")
-        seen = run.metrics[-1]["batch_id"]
-        pending: list[str] = []
+        harness = HarnessLoop(run, Config(run.metrics[-1]["workers"], max(freqs)))
+        loop = ControlLoop(policy=policy, metrics=harness, configuration=harness,
+                           controllers=harness, decisions=harness, actuator=harness)
         end = run.t0 + len(rates)
         next_tick = time.time() + step_s
         while time.time() < end:
             run.wait_until(lambda: time.time() >= next_tick, step_s + 60, "the next tick")
             next_tick += step_s
-            new = [m for m in run.metrics if m["batch_id"] > seen]
-            if not new:
-                continue
-            seen = new[-1]["batch_id"]
-            acks = {json.loads(f["a"])["command_id"]: json.loads(f["a"])
-                    for _i, f in run.bus.r.xrange(f"run:{run.bus_key}:acks")}
-            for cid in [c for c in pending if c in acks]:
-                pending.remove(cid)
-                ack = acks[cid]
-                if ack["ok"] and "workers" in ack:
-                    current = Config(ack["workers"], current.freq_ghz)
-                if ack["ok"] and "ghz" in ack:
-                    current = Config(current.workers, ack["ghz"])
-            decision = ctl.step(new, current)
-            outcome = "hold"
-            if decision.action != "hold":
-                if pending:
-                    outcome = "busy"  # the previous reconfiguration is still under way
-                else:
-                    # The decision's own current configuration, as apply_decision uses:
-                    # an acknowledged 2.445 GHz is the settable 2.45, not a change.
-                    pending += [run.bus.send_command(command, **args)
-                                for command, args in live.reconfiguration_commands(
-                                    decision.current, decision.chosen, decision.action,
-                                    decision.inputs.get("rebalance"))]
-                    outcome = "applied"
-            obs = decision.inputs
-            steps.append({"t": decision.t - run.t0, "rate": obs["rate"],
-                          "latency_s": obs["latency_s"], "throughput": obs["throughput"],
-                          "backlog": obs["backlog"], "workers": obs["workers"],
-                          "freq_ghz": obs["freq_ghz"], "power_w": obs["power_w"],
-                          "batch_s": obs["batch_s"], "action": decision.action,
-                          "chosen": decision.chosen,
-                          "outcome": outcome, "alerts": decision.alerts,
-                          "rebalance": decision.inputs.get("rebalance"),
-                          "predicted_latency_s": decision.predictions[0]["latency_s"],
-                          "solve_ms": decision.solve_ms})
-        mape = ctl.mape()
+            loop.tick()
+        steps = harness.steps
+        mape = loop.controller().mape()
     report = _verify(run, doc)
     measured = [s for s in steps if s["latency_s"] is not None]
     per_batch = [s["throughput"] * (s["batch_s"] or 0) for s in steps]
@@ -471,8 +508,8 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
         # The operator did not keep up: more than two batches' input left waiting.
         "throughput_violations": sum(1 for s, b in zip(steps, per_batch, strict=True)
                                      if s["backlog"] > 2 * max(b, 1.0)),
-        "reconfigurations": sum(1 for s in steps if s["outcome"] == "applied"),
-        "rebalances": sum(1 for s in steps if s["outcome"] == "applied"
+        "reconfigurations": sum(1 for s in steps if s["outcome"] == "pending"),
+        "rebalances": sum(1 for s in steps if s["outcome"] == "pending"
                           and s["action"] == "rebalance"),
         "busy_steps": sum(1 for s in steps if s["outcome"] == "busy"),
         "mean_workers": statistics.fmean(s["workers"] for s in steps) if steps else None,

@@ -6,13 +6,14 @@ is running) through the state-store coordinator; the table, not Spark's schedule
 decides where each group's state lives.
 
 A :class:`Migration` takes the table to a target assignment in *steps* planned by
-``control.planning.schedule`` (Megaphone seed 003 §3.3: all-at-once, fluid, batched):
-one step is applied at a batch boundary, its moved groups reload their state from the
-checkpoint on their new executors during the next batch, and the next step waits until
-that batch has committed plus ``gap_batches`` more (Megaphone §4.4's gap "so queues
-drain"). A step is *verified* when the driver's REST task list shows every moved group
-ran on its target (``placement.SparkRest``); a group that still runs elsewhere after
-``STEP_RETRIES`` more batches is a migration failure, reported, never assumed.
+``control.planning.schedule`` (Megaphone, Hoffmann et al., VLDB 2019, §3.3: all-at-once,
+fluid, batched): one step is applied at a batch boundary, its moved groups reload their
+state from the checkpoint on their new executors during the next batch, and the next
+step waits until that batch has committed plus ``gap_batches`` more (Megaphone §4.4's
+gap "so queues drain"). A step is *verified* when the driver's REST task list shows
+every moved group ran on its target (``placement.SparkRest``); a group that still runs
+elsewhere after ``STEP_RETRIES`` more batches is a migration failure, reported, never
+assumed.
 
 Exactly-once is Spark's: a move only changes *where* the next batch's task for the
 group runs; its state version, the source offsets and the sink's idempotent batch
@@ -35,7 +36,11 @@ from control.planning import schedule as schedules
 STRATEGIES = schedules.STRATEGIES
 # Batches a migration step may take to run each moved group on its target.
 STEP_RETRIES = 3
-PLANNERS = ("ding-table", "ding", "balanced", "flux", "consistent-hash", "scratch")
+# The planners a running query accepts: the library's, less "ding-ordered" and "mtm"
+# (they plan contiguous key ranges, and a running query's groups are a routing table);
+# the runtime's default first.
+PLANNERS = ("ding-table",) + tuple(p for p in planners.PLANNERS
+                                   if p not in ("ding-table", "ding-ordered", "mtm"))
 
 
 class ElasticError(ValueError):
@@ -127,13 +132,14 @@ def plan_target(current: Sequence[str], loads: Sequence[float], sizes: Sequence[
                 tau: float = 0.2) -> tuple[list[str], dict[str, Any]]:
     """Which executor each group should live on after the change to ``workers``.
 
-    Ding et al. (seed 001) Def. 3.2 in its routing-table form by default: the least
-    state moved such that no executor carries more than (1+τ)·mean load, every
-    executor owning at least one group. Scaling up, the planner's new workers become
-    ``new_executors`` (registered, still empty); scaling down, the planner chooses which
-    current executors retire (those whose groups are cheapest to move). If the planner
-    finds no feasible plan (e.g. one group heavier than the cap) LPT balancing is used,
-    and the reason is returned with the plan.
+    Ding et al. ("Optimal Operator State Migration for Elastic Data Stream Processing")
+    Def. 3.2 in its routing-table form by default: the least state moved such that no
+    executor carries more than (1+τ)·mean load, every executor owning at least one
+    group. Scaling up, the planner's new workers become ``new_executors`` (registered,
+    still empty); scaling down, the planner chooses which current executors retire
+    (those whose groups are cheapest to move). If the planner finds no feasible plan
+    (e.g. one group heavier than the cap) LPT balancing is used, and the reason is
+    returned with the plan.
     """
     if planner not in PLANNERS:
         raise ElasticError(f"planner must be one of {', '.join(PLANNERS)}, got {planner!r}")

@@ -1,7 +1,7 @@
 """Exactly-once verifier: recompute what the sink must hold from the deterministic
 source and compare, batch by batch: no loss, no duplicate, same values across every
 reconfiguration (thesis §6.4.2 R1 "gracefulness";
-Megaphone seed 003 §3.2 property 1 "correctness").
+Megaphone, Hoffmann et al., VLDB 2019, §3.2 property 1 "correctness").
 
 Inputs: the run's pipeline spec and schedule clock ``t0``, its checkpoint (the offset
 log gives each committed batch's source range ``[end(b-1), end(b))``; the commit log
