@@ -42,7 +42,13 @@ def group_name(run_id: int) -> str:
 
 
 def push(run_id: int, message: dict[str, Any]) -> None:
-    """Send to the run's live clients; a push failure never breaks the action."""
+    """Send to the run's live clients once the current transaction commits (at once
+    outside one): a client never sees a change that is rolled back, and a client that
+    reloads on a push finds it in the database. A push failure never breaks the action."""
+    transaction.on_commit(lambda: _send(run_id, message))
+
+
+def _send(run_id: int, message: dict[str, Any]) -> None:
     try:
         async_to_sync(get_channel_layer().group_send)(group_name(run_id), message)
     except Exception:  # Redis down: the DB has it, clients catch up on reconnect

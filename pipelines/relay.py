@@ -25,6 +25,7 @@ from django.conf import settings
 from pipelines import actions
 from pipelines.models import Run, RunStatus
 from pipelines.runtime import bus as busmod
+from pipelines.runtime.bus import RunnerEvent
 
 log = logging.getLogger(__name__)
 # On first sight of a run (e.g. relay restart) older samples are stored, not pushed.
@@ -37,31 +38,31 @@ def _mb(n: float | None) -> str:
 
 def describe(kind: str, e: dict[str, Any]) -> str:
     """One timeline line for a runner event (the payload keeps every detail)."""
-    if kind == "executors_ready":
+    if kind == RunnerEvent.EXECUTORS_READY:
         released = e.get("released") or []
         return (f"executors {', '.join(e.get('executors') or []) or '—'} ready"
                 + (f"; released {', '.join(released)} (launched up to the policy's maximum "
                    f"of {e.get('max_workers')})" if released else ""))
-    if kind == "migration_started":
+    if kind == RunnerEvent.MIGRATION_STARTED:
         return (f"{e.get('strategy')} migration {e.get('migration_id')}: {e.get('groups')} "
                 f"groups, {_mb(e.get('bytes'))} in {e.get('steps')} steps ({e.get('reason')})")
-    if kind == "migration_step_applied":
+    if kind == RunnerEvent.MIGRATION_STEP_APPLIED:
         moves = ", ".join(f"g{m['group']} {m['from']}→{m['to']}" for m in e.get("moves", []))
         return f"step {e.get('step', 0) + 1} applied after batch {e.get('after_batch')}: {moves}"
-    if kind == "migration_step":
+    if kind == RunnerEvent.MIGRATION_STEP:
         ok = "on target" if e.get("verified") else "NOT on target: " + str(e.get("ran_on"))
         return (f"step {e.get('index', 0) + 1}/{e.get('steps')}: {len(e.get('moves', []))} "
                 f"groups, {_mb(e.get('bytes'))}, batch {e.get('batch_id')} took "
                 f"{e.get('batch_duration_ms')} ms, {ok}")
-    if kind == "migration_done":
+    if kind == RunnerEvent.MIGRATION_DONE:
         return (f"migration {e.get('migration_id')} {'verified' if e.get('verified') else 'FAILED'}"
                 f": {e.get('groups_moved')} groups, {_mb(e.get('bytes_moved'))} in "
                 f"{e.get('steps')} steps, {e.get('duration_s')} s"
                 + (f" ({e.get('failed')})" if e.get("failed") else ""))
-    if kind == "placement_drift":
+    if kind == RunnerEvent.PLACEMENT_DRIFT:
         return (f"batch {e.get('batch_id')}: groups {e.get('groups')} ran off their placement "
                 f"(ran on {e.get('ran_on')})")
-    if kind == "frequency_changed":
+    if kind == RunnerEvent.FREQUENCY_CHANGED:
         return f"CPU frequency {e.get('ghz')} GHz ({e.get('source')})"
     return e.get("reason") or ", ".join(f"{k}={v}" for k, v in e.items())
 
@@ -71,28 +72,28 @@ def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> boo
     run = Run.objects.get(pk=run_id)
     kind = event.get("type", "unknown")
     details = {k: v for k, v in event.items() if k not in ("type", "t")}
-    if kind == "runner_started":
+    if kind == RunnerEvent.RUNNER_STARTED:
         actions.update_config(run, runner_pid=event.get("pid"))
-    elif kind == "session_started":
+    elif kind == RunnerEvent.SESSION_STARTED:
         actions.update_config(run, spark_app_id=event.get("app_id", ""),
                               spark_ui_url=event.get("spark_ui") or "")
-    elif kind == "query_started":
+    elif kind == RunnerEvent.QUERY_STARTED:
         actions.transition(run, RunStatus.RUNNING, "runner", "streaming query started",
                            workers=event.get("workers", 0),
                            key_groups=event.get("key_groups", run.key_groups),
                            frequency_source=event.get("frequency_source", ""),
                            frequencies=event.get("frequencies") or [])
-    elif kind == "frequency_changed":
+    elif kind == RunnerEvent.FREQUENCY_CHANGED:
         actions.update_config(run, frequency_ghz=event.get("ghz"),
                               frequency_source=event.get("source", ""))
-    elif kind == "workers_changed":
+    elif kind == RunnerEvent.WORKERS_CHANGED:
         actions.update_config(run, workers=event.get("workers", run.workers))
     message = describe(kind, details)
     actions.record_event(run, f"runner:{kind}", "runner", message, details, source_id=entry_id)
-    if kind == "stopped":
+    if kind == RunnerEvent.STOPPED:
         actions.transition(run, RunStatus.STOPPED, "runner", event.get("reason", "stopped"))
         return True
-    if kind == "failed":
+    if kind == RunnerEvent.FAILED:
         actions.transition(run, RunStatus.FAILED, "runner", event.get("reason", "failed"))
         return True
     return False

@@ -64,7 +64,7 @@ def test_websocket_receives_metrics_pushed_by_the_relay(operator) -> None:
         await relay.step(block_ms=2000)
         metrics = await comm.receive_json_from(timeout=10)
         received = time.time()
-        run_bus.publish_event("stopped", reason="test over")
+        run_bus.publish_event(busmod.RunnerEvent.STOPPED, reason="test over")
         await relay.step(block_ms=2000)
         status = None
         for _ in range(6):
@@ -103,6 +103,87 @@ def test_websocket_refuses_anonymous_and_unknown_runs(operator) -> None:
     ok_anon, code_anon, ok_missing, code_missing = asyncio.run(scenario())
     assert (ok_anon, code_anon) == (False, 4401)
     assert (ok_missing, code_missing) == (False, 4404)
+
+
+def _controlled_run(user):
+    from control.models import Policy
+
+    run = _new_run(user, workers=1, key_groups=4, frequencies=[2.0], frequency_ghz=2.0)
+    Policy.objects.filter(pk=run.policy_id).update(strategy="lat-node", control_step_s=2)
+    run.refresh_from_db()
+    return run
+
+
+def _runner_records(bus, first: int, count: int, rate: float = 800.0) -> None:
+    from control import live
+
+    for b in range(first, first + count):
+        t = time.time() - (first + count - b)
+        bus.publish_metrics({
+            "batch_id": b + live.WARMUP_BATCHES, "t": t, "trigger_started_at": t - 1,
+            "input_rows": int(rate), "records": int(rate), "batch_duration_ms": 1000,
+            "latency_p95_ms": 1900.0, "workers": 1, "frequency_ghz": 2.0, "power_w": 6.9,
+            "power_source": "modelled", "source_latest": int(rate * t),
+            "source_end": int(rate * t), "placement": ["1"] * 4, "ran_on": ["1"] * 4,
+            "group_bytes": [10] * 4, "group_ms": [1.0] * 4, "group_records": [5] * 4})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_websocket_message_kind_matches_its_type(operator) -> None:
+    """Each kind of webapp.messages, produced by the product's own code paths (relay,
+    actions, the control loop) and received over a real WebSocket, has exactly the
+    fields and types its TypedDict says (the run page reads these)."""
+    from channels.db import database_sync_to_async
+
+    from control import loop
+    from pipelines import actions
+    from pipelines.relay import Relay
+    from pipelines.runtime import bus as busmod
+    from webapp import messages
+
+    run = _controlled_run(operator)
+    cookie = _session_cookie(operator)
+    run_bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+    run_bus.reset()
+    run_bus.mark_live()
+    for key in run_bus.r.scan_iter(f"control:{run.bus_key}:*"):
+        run_bus.r.delete(key)
+    # A snapshot with something in each list: a stored sample, an event, a decision.
+    _runner_records(run_bus, 0, 6)
+    asyncio.run(Relay().step(block_ms=2000))
+    assert loop.tick(run) is not None
+    actions.record_event(run, "note", "test", "an event before the page opened")
+
+    async def scenario() -> list[dict]:
+        comm = await _connect(f"/ws/runs/{run.pk}/", cookie)
+        connected, _ = await comm.connect(timeout=10)
+        assert connected
+        received = [await comm.receive_json_from(timeout=10)]
+        _runner_records(run_bus, 6, 3)
+        await Relay().step(block_ms=2000)  # metrics (and their storage)
+        await database_sync_to_async(loop.tick)(run)  # a decision
+        await database_sync_to_async(actions.record_event)(run, "note", "test", "an event")
+        run_bus.publish_event(busmod.RunnerEvent.STOPPED, reason="test over")
+        await Relay().step(block_ms=2000)  # a status change
+        kinds = {m["kind"] for m in received}
+        while kinds != set(messages.KINDS):
+            msg = await comm.receive_json_from(timeout=10)
+            received.append(msg)
+            kinds.add(msg["kind"])
+        await comm.disconnect()
+        return received
+
+    received = asyncio.run(scenario())
+    snapshot = received[0]
+    assert snapshot["samples"] and snapshot["events"] and snapshot["decisions"]
+    assert snapshot["samples"][-1]["groups"]["placement"] == ["1"] * 4
+    for message in received:
+        assert messages.problems(message) == [], message
+    # The checker itself: a wrong type, a missing and an unknown field are reported.
+    bad = {**snapshot, "run": {**snapshot["run"], "workers": "one", "extra": 1}}
+    del bad["events"]
+    assert sorted(messages.problems(bad)) == ["events: missing", "run.extra: unknown field",
+                                             "run.workers: expected int, got 'one'"]
 
 
 @pytest.mark.django_db(transaction=True)

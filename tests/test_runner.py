@@ -42,3 +42,15 @@ def test_the_control_plane_waits_for_an_ack_as_long_as_a_migration_may_run() -> 
     from pipelines.runtime.runner import MIGRATION_TIMEOUT_S
 
     assert settings.COMMAND_ACK_TIMEOUT_S >= MIGRATION_TIMEOUT_S + 60
+
+
+def test_a_runner_event_kind_outside_the_contract_is_refused() -> None:
+    bus = busmod.RunBus(busmod.connect("redis://127.0.0.1:6379/14"), "1.kinds")
+    try:
+        with pytest.raises(ValueError):
+            bus.publish_event("scaled", workers=2)  # type: ignore[arg-type]
+        bus.publish_event(busmod.RunnerEvent.WORKERS_CHANGED, workers=2)
+        entry = bus.r.xrange(busmod.events_key("1.kinds"))[-1][1]
+        assert '"type": "workers_changed"' in entry["e"]
+    finally:
+        bus.reset()

@@ -7,6 +7,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from pipelines import actions
+from webapp import messages
 from pipelines.models import Run
 
 SNAPSHOT_SAMPLES = 300
@@ -15,7 +16,7 @@ SNAPSHOT_DECISIONS = 100
 
 
 @database_sync_to_async
-def _snapshot(run_id: int) -> dict[str, Any] | None:
+def _snapshot(run_id: int) -> messages.SnapshotMessage | None:
     run = Run.objects.filter(pk=run_id).first()
     if run is None:
         return None
@@ -48,14 +49,20 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if hasattr(self, "group"):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
+    # One handler per group message type ("run.metrics" -> run_metrics); each sends one
+    # kind of webapp.messages.
     async def run_metrics(self, message: dict[str, Any]) -> None:
-        await self.send_json({"kind": "metrics", "samples": message["samples"]})
+        out: messages.MetricsMessage = {"kind": "metrics", "samples": message["samples"]}
+        await self.send_json(out)
 
     async def run_event(self, message: dict[str, Any]) -> None:
-        await self.send_json({"kind": "event", "event": message["event"]})
+        out: messages.EventMessage = {"kind": "event", "event": message["event"]}
+        await self.send_json(out)
 
     async def run_decision(self, message: dict[str, Any]) -> None:
-        await self.send_json({"kind": "decision", "decision": message["decision"]})
+        out: messages.DecisionMessage = {"kind": "decision", "decision": message["decision"]}
+        await self.send_json(out)
 
     async def run_status(self, message: dict[str, Any]) -> None:
-        await self.send_json({"kind": "status", "run": message["run"]})
+        out: messages.StatusMessage = {"kind": "status", "run": message["run"]}
+        await self.send_json(out)

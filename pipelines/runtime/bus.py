@@ -17,6 +17,7 @@ contract readable from ``redis-cli`` and from any language.
 """
 from __future__ import annotations
 
+import enum
 import json
 import time
 import uuid
@@ -28,6 +29,28 @@ HEARTBEAT_TTL_S = 10
 HEARTBEAT_EVERY_S = 2.0
 STREAM_MAXLEN = 20_000
 LIVE_SET = "runs:live"
+
+
+class RunnerEvent(enum.StrEnum):
+    """Every kind of event a runner puts on its events stream (the entry's ``type``).
+    The relay records each as the RunEvent ``runner:<kind>`` and applies the lifecycle
+    ones (``query_started`` -> running, ``stopped``, ``failed``) to the run."""
+
+    RUNNER_STARTED = "runner_started"  # the process is up (pid)
+    SESSION_STARTED = "session_started"  # the Spark application is up (app id, UI URL)
+    EXECUTORS_READY = "executors_ready"  # the initial executors; the extras released
+    QUERY_STARTED = "query_started"  # the streaming query runs (its schedule clock t0)
+    STOPPED = "stopped"  # ended on request
+    FAILED = "failed"  # ended by an error (reason)
+    GROUPS_REASSIGNED = "groups_reassigned"  # groups of a lost executor placed anew
+    MIGRATION_STARTED = "migration_started"  # a planned move of key groups begins
+    MIGRATION_STEP_APPLIED = "migration_step_applied"  # a step's moves took effect
+    MIGRATION_STEP = "migration_step"  # a step's batch ran (verified on target or not)
+    MIGRATION_DONE = "migration_done"  # the migration's summary
+    PLACEMENT_DRIFT = "placement_drift"  # Spark ran groups off their placement
+    DECOMMISSION_REFUSED = "decommission_refused"  # an executor still held groups
+    WORKERS_CHANGED = "workers_changed"
+    FREQUENCY_CHANGED = "frequency_changed"
 
 
 def metrics_key(bus_key: str) -> str:
@@ -78,8 +101,8 @@ class RunBus:
         return self.r.xadd(metrics_key(self.key), {"m": json.dumps(record)},
                            maxlen=STREAM_MAXLEN, approximate=True)
 
-    def publish_event(self, kind: str, **payload: Any) -> str:
-        body = {"type": kind, "t": time.time(), **payload}
+    def publish_event(self, kind: RunnerEvent, **payload: Any) -> str:
+        body = {"type": str(RunnerEvent(kind)), "t": time.time(), **payload}
         return self.r.xadd(events_key(self.key), {"e": json.dumps(body)},
                            maxlen=STREAM_MAXLEN, approximate=True)
 

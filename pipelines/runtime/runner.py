@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.runtime import bus as busmod
+from pipelines.runtime.bus import RunnerEvent
 from pipelines.runtime import definition, elastic, frequency, placement, power
 from pipelines.runtime.session import (
     EXECUTOR_WAIT_S,
@@ -148,7 +149,7 @@ class Runner:
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
         threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True).start()
-        self.bus.publish_event("runner_started", pid=os.getpid())
+        self.bus.publish_event(RunnerEvent.RUNNER_STARTED, pid=os.getpid())
         # Commands are read from the start, so a stop sent while the session is still
         # starting is honoured as soon as the session is up (before any query starts).
         threading.Thread(target=self._command_loop, name="commands", daemon=True).start()
@@ -186,7 +187,7 @@ class Runner:
         # Spark's REST API initialises lazily on its first request (~2 s here): warm it
         # while the executors start, not when the first batch's metrics need it.
         threading.Thread(target=self._warm_rest, name="warm-rest", daemon=True).start()
-        self.bus.publish_event("session_started", app_id=sc.applicationId,
+        self.bus.publish_event(RunnerEvent.SESSION_STARTED, app_id=sc.applicationId,
                                spark_ui=sc.uiWebUrl, max_workers=self.cfg.max_workers,
                                standby=self.standby_id)
         # Standalone launches spark.cores.max executors at once. Wait for the initial
@@ -204,7 +205,7 @@ class Runner:
                                                  f"streamwise: start with {initial} workers")
         self.releasing_at_start = set(extras)
         self.workers = len(keep)
-        self.bus.publish_event("executors_ready", executors=keep, released=extras,
+        self.bus.publish_event(RunnerEvent.EXECUTORS_READY, executors=keep, released=extras,
                                max_workers=self.cfg.max_workers)
         if self.adopted_session is None:  # a standby's executor has run two batches
             threading.Thread(target=self._warm_executors, args=(len(keep),),
@@ -272,7 +273,7 @@ class Runner:
         self.coord = placement.StateStoreCoordinatorView(
             self.spark, str(self.query.runId), checkpoint, self.spec.key_groups)
         self.phase = "running"
-        self.bus.publish_event("query_started", query_id=str(self.query.id),
+        self.bus.publish_event(RunnerEvent.QUERY_STARTED, query_id=str(self.query.id),
                                query_run_id=str(self.query.runId), workers=self.workers,
                                t0=self.t0, key_groups=self.spec.key_groups,
                                state_store=self.spec.state_store,
@@ -292,7 +293,7 @@ class Runner:
         if self.spark is not None:
             self.spark.stop()
         self.end_heartbeat()
-        self.bus.publish_event("stopped", reason=self.stop_reason, batches=self.batches)
+        self.bus.publish_event(RunnerEvent.STOPPED, reason=self.stop_reason, batches=self.batches)
 
     def end_heartbeat(self) -> None:
         """Clear the heartbeat for good *before* the final event, so no heartbeat of
@@ -317,11 +318,11 @@ class Runner:
             self.routing.adopt(self.coord.locations())  # Spark's own placement
         repaired = self.routing.repair(alive)
         if repaired and batch_id > 0:
-            self.bus.publish_event("groups_reassigned", groups=repaired,
+            self.bus.publish_event(RunnerEvent.GROUPS_REASSIGNED, groups=repaired,
                                    reason="their executor is gone", after_batch=batch_id)
         step = self.routing.due_moves(batch_id)
         if step is not None:
-            self.bus.publish_event("migration_step_applied", after_batch=batch_id,
+            self.bus.publish_event(RunnerEvent.MIGRATION_STEP_APPLIED, after_batch=batch_id,
                                    step=step.index, moves=step.moves, bytes=step.bytes,
                                    migration_id=self.routing.active.id
                                    if self.routing.active else None)
@@ -330,7 +331,7 @@ class Runner:
             owned = set(self.routing.snapshot())
             for victim in victims:
                 if victim in owned:  # never kill an executor that still holds state
-                    self.bus.publish_event("decommission_refused", executor=victim,
+                    self.bus.publish_event(RunnerEvent.DECOMMISSION_REFUSED, executor=victim,
                                            reason="it still owns key groups")
                     continue
                 self.executors.decommission(victim, "streamwise: scale down after "
@@ -464,15 +465,15 @@ class Runner:
                           and not active.done.is_set() else None),
         })
         if drifted:
-            self.bus.publish_event("placement_drift", batch_id=batch, groups=drifted,
+            self.bus.publish_event(RunnerEvent.PLACEMENT_DRIFT, batch_id=batch, groups=drifted,
                                    ran_on={str(g): ran_on[g] for g in drifted},
                                    table={str(g): table[g] for g in drifted})
         for migration, step in self.routing.record_batch(batch, ran_on, task_ms,
                                                          record["batch_duration_ms"]):
-            self.bus.publish_event("migration_step", migration_id=migration.id,
+            self.bus.publish_event(RunnerEvent.MIGRATION_STEP, migration_id=migration.id,
                                    steps=len(migration.steps), **step.as_dict())
             if migration.done.is_set():
-                self.bus.publish_event("migration_done", **migration.summary())
+                self.bus.publish_event(RunnerEvent.MIGRATION_DONE, **migration.summary())
 
     def loads(self) -> list[float]:
         """Per-group load: mean task run time over the last batches (thesis §6.4.3's
@@ -569,7 +570,7 @@ class Runner:
         migration = elastic.Migration(reason=reason, strategy=schedule, gap_batches=gap,
                                       target=list(target), steps=steps)
         self.routing.start(migration)
-        self.bus.publish_event("migration_started", migration_id=migration.id, reason=reason,
+        self.bus.publish_event(RunnerEvent.MIGRATION_STARTED, migration_id=migration.id, reason=reason,
                                strategy=schedule, gap_batches=gap, steps=len(steps),
                                groups=migration.groups_moved, bytes=migration.bytes_moved,
                                target=target)
@@ -580,7 +581,7 @@ class Runner:
                                    f"not finished after {MIGRATION_TIMEOUT_S:.0f}s")
                 break
         if not migration.steps:
-            self.bus.publish_event("migration_done", **migration.summary())
+            self.bus.publish_event(RunnerEvent.MIGRATION_DONE, **migration.summary())
         return migration
 
     def _cmd_set_workers(self, args: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
@@ -641,7 +642,7 @@ class Runner:
         payload = {"workers": len(ids), "executors": ids, "released": released,
                    "took_s": round(time.time() - started, 2), "plan": info,
                    "migration": summary, "mode": "planned"}
-        self.bus.publish_event("workers_changed", workers=len(ids), requested=n,
+        self.bus.publish_event(RunnerEvent.WORKERS_CHANGED, workers=len(ids), requested=n,
                                executors=ids, released=released, mode="planned")
         return ok, message, payload
 
@@ -659,7 +660,7 @@ class Runner:
             self.executors.kill(released)
         ids = self.executors.wait_for(n, EXECUTOR_WAIT_S, exact=True)
         self.workers = len(ids)
-        self.bus.publish_event("workers_changed", workers=len(ids), requested=n,
+        self.bus.publish_event(RunnerEvent.WORKERS_CHANGED, workers=len(ids), requested=n,
                                executors=ids, released=released, mode="kill")
         return len(ids) == n, f"{len(before)} -> {len(ids)} workers (Spark default: no " \
             "planned migration)", {"workers": len(ids), "executors": ids,
@@ -721,7 +722,7 @@ class Runner:
             return False, str(exc), {}
         self.freq_ghz = applied
         label = self._frequency_label()
-        self.bus.publish_event("frequency_changed", ghz=applied, requested=ghz, source=label)
+        self.bus.publish_event(RunnerEvent.FREQUENCY_CHANGED, ghz=applied, requested=ghz, source=label)
         return True, f"CPU frequency {applied} GHz ({label})", {"ghz": applied,
                                                                  "source": label}
 
@@ -764,7 +765,7 @@ def run_main(config_path: str, session: Any = None, standby_id: str | None = Non
     try:
         runner = Runner(cfg, runner_bus, session=session, standby_id=standby_id)
     except definition.DefinitionError as exc:
-        runner_bus.publish_event("failed", reason=f"invalid definition: {exc}")
+        runner_bus.publish_event(RunnerEvent.FAILED, reason=f"invalid definition: {exc}")
         return 1
     signal.signal(signal.SIGTERM, lambda *_: runner.request_stop("SIGTERM"))
     signal.signal(signal.SIGINT, lambda *_: runner.request_stop("SIGINT"))
@@ -774,7 +775,7 @@ def run_main(config_path: str, session: Any = None, standby_id: str | None = Non
     except BaseException as exc:
         traceback.print_exc()
         runner.end_heartbeat()
-        runner_bus.publish_event("failed", reason=f"{type(exc).__name__}: {exc}"[:2000])
+        runner_bus.publish_event(RunnerEvent.FAILED, reason=f"{type(exc).__name__}: {exc}"[:2000])
         if runner.spark is not None:
             try:
                 runner.spark.stop()
