@@ -5,6 +5,7 @@ import json
 from django import forms
 from django.conf import settings
 
+from control import lab, live, sim
 from control.models import Policy
 
 
@@ -58,8 +59,6 @@ class PolicyForm(forms.ModelForm):
     def clean(self) -> dict:
         """The strategy's parameters, checked by the closed loop itself (horizon 1–5,
         weights > 0, thresholds ordered, ...): an error names the parameter."""
-        from control import live
-
         data = super().clean()
         strategy, params = data.get("strategy"), data.get("strategy_params")
         if strategy and strategy != "manual" and isinstance(params, dict):
@@ -113,8 +112,6 @@ class LabForm(forms.Form):
         help_text='Per strategy name, e.g. {"lat-node": {"alpha": 3, "forecaster": "ma3"}}.')
 
     def __init__(self, *args, **kwargs) -> None:
-        from control import lab
-
         super().__init__(*args, **kwargs)
         self.fields["strategies"].choices = [(k, k) for k in lab.PRESETS]
         self.fields["strategies"].initial = list(lab.DEFAULT_PRESETS)
@@ -128,8 +125,6 @@ class LabForm(forms.Form):
         return value
 
     def clean(self) -> dict:
-        from control import lab, sim
-
         data = super().clean()
         if self.errors:
             return data

@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
-from control import sim
+from control import live, sim
 from control.sim import engine
 from control.models import MAX_WORKERS_LIMIT, LabRun, LabStatus, Policy
 from pipelines.queue import Task, enqueue
@@ -134,8 +134,6 @@ def policy_from_lab(lab: LabRun, label: str, user: Any) -> tuple[Policy | None, 
     min_workers = min(int(system.get("min_workers", 1)), max_workers)
     power = [p for p in row["series"]["power_w"] if p is not None]
     # Only what the closed loop takes (the simulator's Kingman-only knobs stay in the lab).
-    from control import live
-
     allowed = live.PARAMS.get(spec["name"], ())
     params = {k: v for k, v in spec.items() if k in allowed}
     base = re.sub(r"[^a-z0-9]+", "-", f"lab{lab.pk}-{label}".lower()).strip("-")[:90]

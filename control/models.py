@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from control.live import json_safe
 from control.strategies import STRATEGIES
 
 MAX_WORKERS_LIMIT = 64
@@ -153,8 +154,6 @@ class Decision(models.Model):
 
     def as_dict(self) -> dict:
         """The wire form (run page, WebSocket): strict JSON, no NaN or infinity."""
-        from control.live import json_safe
-
         mape = (self.model_error or {}).get("mape") or {}
         return json_safe({"id": self.pk, "step": self.step, "t": self.t, "at": self.at.isoformat(),
                 "strategy": self.strategy, "action": self.action, "outcome": self.outcome,

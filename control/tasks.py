@@ -5,7 +5,10 @@ import logging
 
 from celery import shared_task
 
-from control import lab, loop
+from control import lab, live, loop
+from control.models import Decision
+from pipelines.models import RunStatus
+from pipelines.tasks import send_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +35,6 @@ def control_tick_all() -> dict[str, int]:
 def apply_decision(decision_id: int) -> str:
     """Send a decision's reconfiguration (workers first, then frequency, or its
     key-group moves), each acknowledged by the runner, and record when it took effect."""
-    from control import live, loop
-    from control.models import Decision
-    from pipelines.models import RunStatus
-    from pipelines.tasks import send_and_wait
-
     decision = Decision.objects.select_related("run").get(pk=decision_id)
     run = decision.run
     if run.status != RunStatus.RUNNING:

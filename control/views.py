@@ -6,8 +6,9 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from control.forms import PolicyForm
-from control.models import Policy
+from control import lab
+from control.forms import LabForm, PolicyForm
+from control.models import LabRun, LabStatus, Policy
 
 
 @login_required
@@ -32,16 +33,11 @@ def policy_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
 
 @login_required
 def lab_list(request: HttpRequest) -> HttpResponse:
-    from control.models import LabRun
-
     return render(request, "control/lab_list.html", {"labs": LabRun.objects.all()[:100]})
 
 
 @login_required
 def lab_new(request: HttpRequest) -> HttpResponse:
-    from control import lab
-    from control.forms import LabForm
-
     form = LabForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
         run = lab.start_lab(request.user, form.cleaned_data["name"], form.scenario)
@@ -51,9 +47,6 @@ def lab_new(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def lab_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    from control import lab
-    from control.models import LabRun
-
     run = get_object_or_404(LabRun, pk=pk)
     return render(request, "control/lab_detail.html",
                   {"lab": run, "rows": lab.summary_rows(run), "result": run.result})
@@ -61,8 +54,6 @@ def lab_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @login_required
 def lab_status(request: HttpRequest, pk: int) -> JsonResponse:
-    from control.models import LabRun
-
     run = get_object_or_404(LabRun, pk=pk)
     return JsonResponse({"status": run.status, "progress": run.progress, "total": run.total,
                          "percent": run.percent, "error": run.error})
@@ -70,9 +61,6 @@ def lab_status(request: HttpRequest, pk: int) -> JsonResponse:
 
 @login_required
 def lab_bundle(request: HttpRequest, pk: int) -> HttpResponse:
-    from control import lab
-    from control.models import LabRun, LabStatus
-
     run = get_object_or_404(LabRun, pk=pk)
     if run.status != LabStatus.DONE:
         messages.error(request, "The comparison has no result yet.")
@@ -86,9 +74,6 @@ def lab_bundle(request: HttpRequest, pk: int) -> HttpResponse:
 @permission_required("control.add_policy", raise_exception=True)
 @require_POST
 def lab_make_policy(request: HttpRequest, pk: int) -> HttpResponse:
-    from control import lab
-    from control.models import LabRun
-
     run = get_object_or_404(LabRun, pk=pk)
     policy, message = lab.policy_from_lab(run, request.POST.get("label", ""), request.user)
     if policy is None:

@@ -10,6 +10,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from control import loop
 from control.models import Policy
 from pipelines import actions
 from pipelines.forms import (
@@ -179,8 +180,6 @@ def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
 @run_command
 def run_dry_run(request: HttpRequest, pk: int) -> HttpResponse:
     """The dry-run switch: the controller keeps deciding and showing, but does not act."""
-    from control import loop
-
     run = get_object_or_404(Run, pk=pk)
     on = request.POST.get("dry_run") == "on"
     loop.set_dry_run(run, on, request.user)
