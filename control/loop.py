@@ -1,4 +1,6 @@
-"""Domain actions of the closed loop (Django side of ``control/live.py``).
+"""The product's side of the control loop: its adapters around
+``control.closedloop.ControlLoop`` (Redis stream, database, Celery) and its domain
+actions.
 
 ``due_runs`` + ``tick`` are what celery beat runs every second (``control.tasks``):
 

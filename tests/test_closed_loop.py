@@ -82,6 +82,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
         Select(browser.find_element(By.NAME, "pipeline")).select_by_value(str(pipeline.pk))
         Select(browser.find_element(By.NAME, "policy")).select_by_value(str(policy.pk))
         clicked = time.monotonic()
+        timings: list[str] = []
         browser.find_element(By.CSS_SELECTOR, "form.card button[type=submit]").click()
         WebDriverWait(browser, 30).until(lambda d: "/runs/" in d.current_url
                                          and d.current_url.rstrip("/").split("/")[-1].isdigit())
@@ -140,8 +141,8 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             assert any("1 → 2" in r.text for r in rows), (
                 [r.text for r in rows[:3]], workers_seen()[-4:], browser.get_log("browser"))
             shown_after = time.monotonic() - clicked
-            print(f"closed loop: scale-up marker and '1 → 2' on the page {shown_after:.0f} s "
-                  "after Start")
+            timings.append(f"scale-up marker and '1 → 2' on the page {shown_after:.0f} s "
+                           "after Start")
             assert shown_after <= SCALE_UP_WITHIN_S, shown_after
             # ... and realises it: a new executor, then half of the key groups with their
             # state move to it. How long that takes depends on the machine (an
@@ -151,8 +152,8 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             up = settled(up)
             assert up.outcome == "applied", (up.outcome, up.outcome_message)
             applied_after = time.monotonic() - clicked
-            print(f"closed loop: 2 workers (executor started, state migrated) "
-                  f"{applied_after:.0f} s after Start")
+            timings.append(f"2 workers (executor started, state migrated) "
+                           f"{applied_after:.0f} s after Start")
             # The start-up card went through every stage.
             stages = browser.execute_script("return window.__streamwise.startup")
             assert set(stages) >= {"created", "runner", "session", "executors", "query",
@@ -162,6 +163,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
 
             # ... and back to 1 after the rate falls at plan.down_at_s.
             wait_workers(1, 360)
+            timings.append(f"back to 1 worker {time.monotonic() - clicked:.0f} s after Start")
             down = Decision.objects.filter(run=run, action="scale", current_workers=2,
                                            chosen_workers=1).order_by("step").first()
             down = settled(down)
@@ -169,9 +171,9 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             assert down.t - t0 >= plan.down_at_s, ("scaled down before the rate fell", workers_seen())
             assert run.events.filter(kind="reconfigured", message__contains="workers").count() >= 2
         finally:
-            # The decision trace, for reading a CI run afterwards.
+            # The decision trace and the timings, for reading a CI run afterwards.
             (Path(live_stack.logs) / "closed-loop-decisions.txt").write_text(
-                "\n".join(workers_seen()) + "\n")
+                "\n".join(timings + workers_seen()) + "\n")
             stop_and_wait(run.pk, operator)
     finally:
         browser.quit()
