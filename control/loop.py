@@ -33,7 +33,7 @@ from control.closedloop import ControlLoop, Outcome
 from control.models import Decision, DecisionOutcome, Policy
 from control.strategies.mpc import Config
 from pipelines import actions, launch
-from pipelines.models import Run, RunStatus
+from pipelines.models import EventKind, Run, RunStatus
 from pipelines.queue import Task, enqueue
 from pipelines.runtime import bus as busmod
 from pipelines.runtime import power
@@ -190,7 +190,7 @@ def _tick(run: Run, r: Any) -> Decision | None:
         # Once per policy version: the next ticks would only repeat it.
         if r.set(_key(run, f"refused:{run.policy.updated_at.timestamp():.6f}"), "1", nx=True,
                  ex=STATE_TTL_S):
-            actions.record_event(run, "controller_refused", ACTOR,
+            actions.record_event(run, EventKind.CONTROLLER_REFUSED, ACTOR,
                                  f"policy {run.policy.name}: {exc}")
         return None
     return done.stored if done is not None else None
@@ -210,7 +210,7 @@ def raise_alert(run: Run, message: str, decision: Decision | None = None) -> Non
     """An alert is an audited event, pushed to the run page, and POSTed to the policy's
     webhook if it has one (by a Celery task: a slow receiver never delays a tick)."""
     payload = {"decision": decision.step if decision else None}
-    actions.record_event(run, "alert", ACTOR, message, payload)
+    actions.record_event(run, EventKind.ALERT, ACTOR, message, payload)
     if run.policy.alert_webhook:
         enqueue(Task.SEND_WEBHOOK, run.policy.alert_webhook, {
             "run": run.pk, "policy": run.policy.name, "message": message,
@@ -231,7 +231,7 @@ def finish(decision_id: int, ok: bool, message: str) -> None:
 def set_dry_run(run: Run, on: bool, user: Any) -> None:
     Run.objects.filter(pk=run.pk).update(dry_run=on)
     run.refresh_from_db()
-    actions.record_event(run, "dry_run_on" if on else "dry_run_off", actions.actor_for(user),
+    actions.record_event(run, EventKind.DRY_RUN_ON if on else EventKind.DRY_RUN_OFF, actions.actor_for(user),
                          "controller decides and shows, does not act" if on
                          else "controller acts on its decisions")
     actions.push(run.pk, {"type": "run.status", "run": actions.run_state(run)})

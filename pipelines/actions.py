@@ -16,6 +16,7 @@ from django.utils import timezone
 from control.models import Policy
 from pipelines.models import (
     TRANSITIONS,
+    EventKind,
     MetricSample,
     Pipeline,
     PipelineVersion,
@@ -85,6 +86,7 @@ def record_event(run: Run, kind: str, actor: str, message: str = "",
     """Audit one event of ``run`` and push it to its page. An event relayed from the
     runner carries its stream entry id (``source_id``) and is recorded once, even when two
     relays (e.g. one restarting while the old one drains) deliver it at the same time."""
+    kind = EventKind.check(kind)  # ValueError for a kind outside the audit vocabulary
     if source_id and RunEvent.objects.filter(run=run, source_id=source_id).exists():
         return None
     try:
@@ -126,7 +128,7 @@ def transition(run: Run, to: str, actor: str, reason: str = "",
     changed = Run.objects.filter(pk=run.pk, status__in=allowed_from).update(**updates)
     run.refresh_from_db()
     if changed:
-        record_event(run, f"status:{to}", actor, reason or f"status is now {to}")
+        record_event(run, EventKind.status(to), actor, reason or f"status is now {to}")
         push(run.pk, {"type": "run.status", "run": run_state(run)})
     return bool(changed)
 
@@ -142,14 +144,14 @@ def create_run(pipeline: Pipeline, policy: Policy, user: Any) -> Run:
     run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
                              created_by=user, workers=0,
                              key_groups=int(pipeline.definition.get("key_groups", 8)))
-    record_event(run, "created", actor_for(user),
+    record_event(run, EventKind.CREATED, actor_for(user),
                  f"run of {pipeline.name} v{pipeline.version} under policy {policy.name}")
     transaction.on_commit(lambda: enqueue(Task.START_RUN, run.pk, actor_for(user)))
     return run
 
 
 def request_stop(run: Run, user: Any) -> None:
-    record_event(run, "stop_requested", actor_for(user))
+    record_event(run, EventKind.STOP_REQUESTED, actor_for(user))
     transaction.on_commit(lambda: enqueue(Task.STOP_RUN, run.pk, actor_for(user)))
 
 
@@ -158,7 +160,7 @@ def request_reconfiguration(run: Run, command: str, args: dict[str, Any], user: 
     """Audit and queue one runner reconfiguration (``set_workers``, ``rebalance``,
     ``move_groups``, ``set_frequency``); the Celery task sends it and records the
     runner's acknowledgement."""
-    record_event(run, "reconfigure_requested", actor_for(user), message,
+    record_event(run, EventKind.RECONFIGURE_REQUESTED, actor_for(user), message,
                  {"command": command, **args})
     transaction.on_commit(lambda: enqueue(
         Task.RECONFIGURE_RUN, run.pk, {"command": command, "args": args}, actor_for(user)))

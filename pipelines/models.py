@@ -1,6 +1,7 @@
 """Pipelines (versioned definitions), runs, their audit trail and their metrics."""
 from __future__ import annotations
 
+import enum
 import secrets
 
 from django.conf import settings
@@ -8,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 
 from pipelines.runtime import definition as pdef
+from pipelines.runtime.bus import RunnerEvent
 
 
 def validate_definition(value: object) -> None:
@@ -135,8 +137,48 @@ class Run(models.Model):
         return self.status in TERMINAL_STATUSES
 
 
+class EventKind(enum.StrEnum):
+    """Every kind of RunEvent the control plane records. Two families are composed:
+    ``status:<RunStatus>`` (a lifecycle transition, :meth:`status`) and
+    ``runner:<RunnerEvent>`` (relayed from the runner's bus, :meth:`runner`)."""
+
+    CREATED = "created"
+    STOP_REQUESTED = "stop_requested"
+    START_IGNORED = "start_ignored"
+    STOP_IGNORED = "stop_ignored"
+    RUNNER_LAUNCHED = "runner_launched"
+    RECONFIGURE_REQUESTED = "reconfigure_requested"
+    RECONFIGURE_IGNORED = "reconfigure_ignored"
+    RECONFIGURE_REFUSED = "reconfigure_refused"
+    RECONFIGURE_TIMEOUT = "reconfigure_timeout"
+    RECONFIGURED = "reconfigured"
+    RECONFIGURE_FAILED = "reconfigure_failed"
+    CONTROLLER_REFUSED = "controller_refused"
+    ALERT = "alert"
+    DRY_RUN_ON = "dry_run_on"
+    DRY_RUN_OFF = "dry_run_off"
+
+    @staticmethod
+    def status(to: str) -> str:
+        return f"status:{RunStatus(to).value}"
+
+    @staticmethod
+    def runner(kind: str) -> str:
+        return f"runner:{RunnerEvent(kind).value}"
+
+    @classmethod
+    def check(cls, kind: str) -> str:
+        """``kind`` if it is one of the kinds above (or a composed one); else ValueError."""
+        family, _, rest = kind.partition(":")
+        if rest:
+            return {"status": cls.status, "runner": cls.runner}[family](rest) \
+                if family in ("status", "runner") else cls(kind).value
+        return cls(kind).value
+
+
 class RunEvent(models.Model):
-    """Append-only audit trail of a run: who or what did what, when."""
+    """Append-only audit trail of a run: who or what did what, when (its ``kind`` is an
+    :class:`EventKind`)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(auto_now_add=True, db_index=True)

@@ -23,7 +23,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from pipelines import actions
-from pipelines.models import Run, RunStatus
+from pipelines.models import EventKind, Run, RunStatus
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.bus import RunnerEvent
 
@@ -89,7 +89,7 @@ def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> boo
     elif kind == RunnerEvent.WORKERS_CHANGED:
         actions.update_config(run, workers=event.get("workers", run.workers))
     message = describe(kind, details)
-    actions.record_event(run, f"runner:{kind}", "runner", message, details, source_id=entry_id)
+    actions.record_event(run, EventKind.runner(kind), "runner", message, details, source_id=entry_id)
     if kind == RunnerEvent.STOPPED:
         actions.transition(run, RunStatus.STOPPED, "runner", event.get("reason", "stopped"))
         return True

@@ -15,7 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from pipelines import actions, launch
-from pipelines.models import ACTIVE_STATUSES, Run, RunStatus
+from pipelines.models import ACTIVE_STATUSES, EventKind, Run, RunStatus
 from pipelines.runtime import bus as busmod
 
 WORKER = "celery"
@@ -29,7 +29,7 @@ def start_run(run_id: int, actor: str = "system") -> str:
             run, RunStatus.STARTING, actor, "launching the runner"):
         message = (f"start ignored: run {run.pk} is already {run.status}"
                    + ("" if run.is_active else "; create a new run to start again"))
-        actions.record_event(run, "start_ignored", actor, message)
+        actions.record_event(run, EventKind.START_IGNORED, actor, message)
         return message
     # Per run, not per id: a reused id must never resume another run's checkpoint.
     checkpoint_dir = Path(settings.CHECKPOINT_ROOT) / f"run-{run.bus_key}"
@@ -58,7 +58,7 @@ def start_run(run_id: int, actor: str = "system") -> str:
                           launched_at=timezone.now())
     how = (f"warm standby {offer.standby_id} (Spark app {offer.app_id})" if offer
            else "a new runner")
-    actions.record_event(run, "runner_launched", WORKER, f"runner pid {pid}: {how}",
+    actions.record_event(run, EventKind.RUNNER_LAUNCHED, WORKER, f"runner pid {pid}: {how}",
                          {"pid": pid, "master_url": config["master_url"],
                           "standby": offer.standby_id if offer else None,
                           "log": str(checkpoint_dir / "runner.log")})
@@ -73,7 +73,7 @@ def stop_run(run_id: int, actor: str = "system") -> str:
         return "stopped"
     if run.is_terminal:
         message = f"stop ignored: run {run.pk} is already {run.status}"
-        actions.record_event(run, "stop_ignored", actor, message)
+        actions.record_event(run, EventKind.STOP_IGNORED, actor, message)
         return message
     if run.status != RunStatus.STOPPING:
         actions.transition(run, RunStatus.STOPPING, actor, "stop requested")
@@ -98,11 +98,11 @@ def reconfigure_run(run_id: int, changes: dict, actor: str = "system") -> str:
     command, args = changes["command"], dict(changes.get("args") or {})
     if run.status != RunStatus.RUNNING:
         message = f"reconfigure ignored: run {run.pk} is {run.status}, not running"
-        actions.record_event(run, "reconfigure_ignored", actor, message, changes)
+        actions.record_event(run, EventKind.RECONFIGURE_IGNORED, actor, message, changes)
         return message
     if command not in RECONFIGURATIONS:
         message = f"reconfigure refused: unknown command {command!r}"
-        actions.record_event(run, "reconfigure_refused", actor, message, changes)
+        actions.record_event(run, EventKind.RECONFIGURE_REFUSED, actor, message, changes)
         return message
     policy = run.policy
     workers = args.get("workers")
@@ -111,7 +111,7 @@ def reconfigure_run(run_id: int, changes: dict, actor: str = "system") -> str:
             or not policy.min_workers <= workers <= policy.max_workers):
         message = (f"reconfigure refused: workers must be in {policy.min_workers}.."
                    f"{policy.max_workers} (policy {policy.name}), got {workers!r}")
-        actions.record_event(run, "reconfigure_refused", actor, message, changes)
+        actions.record_event(run, EventKind.RECONFIGURE_REFUSED, actor, message, changes)
         return message
     return send_and_wait(run, command, args, actor)[1]
 
@@ -126,7 +126,7 @@ def send_and_wait(run: Run, command: str, args: dict, actor: str) -> tuple[bool,
     if ack is None:
         message = (f"no acknowledgement for {command} {args} within "
                    f"{settings.COMMAND_ACK_TIMEOUT_S:.0f}s")
-        actions.record_event(run, "reconfigure_timeout", WORKER, message, changes)
+        actions.record_event(run, EventKind.RECONFIGURE_TIMEOUT, WORKER, message, changes)
         return False, message
     # The new configuration first, then its audit event: whoever sees "reconfigured"
     # (the page, a test, the controller) must find the run already changed.
@@ -134,7 +134,7 @@ def send_and_wait(run: Run, command: str, args: dict, actor: str) -> tuple[bool,
         actions.update_config(run, workers=ack.get("workers", args.get("workers")))
     elif ack["ok"] and command == "set_frequency":
         actions.update_config(run, frequency_ghz=ack["ghz"], frequency_source=ack["source"])
-    actions.record_event(run, "reconfigured" if ack["ok"] else "reconfigure_failed", "runner",
+    actions.record_event(run, EventKind.RECONFIGURED if ack["ok"] else EventKind.RECONFIGURE_FAILED, "runner",
                          ack["message"], {**ack, "requested_by": actor})
     return bool(ack["ok"]), ack["message"]
 

@@ -114,3 +114,19 @@ def test_reconfiguration_forms_say_what_is_wrong_and_audit_what_is_right(local_o
     r = client.post(f"/runs/{run.pk}/rebalance/", {"planner": "flux", "schedule": "fluid",
                                                    "tau": "0.2"}, follow=True)
     assert "can be rebalanced only while it is running" in r.content.decode()
+
+
+@pytest.mark.django_db
+def test_an_event_kind_outside_the_audit_vocabulary_is_refused(local_operator) -> None:
+    from pipelines import actions
+    from pipelines.models import EventKind, Run
+
+    pipeline, policy = make_pipeline_and_policy(local_operator, "kinds")
+    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                             created_by=local_operator)
+    for bad in ("scaled", "status:sleeping", "runner:scaled", "other:created"):
+        with pytest.raises(ValueError):
+            actions.record_event(run, bad, "test")
+    for good in (EventKind.ALERT, EventKind.status("running"), "runner:workers_changed"):
+        assert actions.record_event(run, good, "test") is not None
+    assert run.events.filter(kind="status:running").exists()

@@ -137,6 +137,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
 
     from control import loop
     from pipelines import actions
+    from pipelines.models import EventKind
     from pipelines.relay import Relay
     from pipelines.runtime import bus as busmod
     from webapp import messages
@@ -152,7 +153,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
     _runner_records(run_bus, 0, 6)
     asyncio.run(Relay().step(block_ms=2000))
     assert loop.tick(run) is not None
-    actions.record_event(run, "note", "test", "an event before the page opened")
+    actions.record_event(run, EventKind.ALERT, "test", "an event before the page opened")
 
     async def scenario() -> list[dict]:
         comm = await _connect(f"/ws/runs/{run.pk}/", cookie)
@@ -162,7 +163,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
         _runner_records(run_bus, 6, 3)
         await Relay().step(block_ms=2000)  # metrics (and their storage)
         await database_sync_to_async(loop.tick)(run)  # a decision
-        await database_sync_to_async(actions.record_event)(run, "note", "test", "an event")
+        await database_sync_to_async(actions.record_event)(run, EventKind.ALERT, "test", "an event")
         run_bus.publish_event(busmod.RunnerEvent.STOPPED, reason="test over")
         await Relay().step(block_ms=2000)  # a status change
         kinds = {m["kind"] for m in received}

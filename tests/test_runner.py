@@ -54,3 +54,18 @@ def test_a_runner_event_kind_outside_the_contract_is_refused() -> None:
         assert '"type": "workers_changed"' in entry["e"]
     finally:
         bus.reset()
+
+
+def test_only_the_runners_commands_can_be_sent() -> None:
+    bus = busmod.RunBus(busmod.connect("redis://127.0.0.1:6379/14"), "1.commands")
+    try:
+        with pytest.raises(ValueError):
+            bus.send_command("scale", workers=2)
+        cid = bus.send_command(busmod.RunnerCommand.SET_WORKERS, workers=2)
+        (_entry, command), = bus.read_commands("0-0", block_ms=10)
+        assert command == {"id": cid, "name": "set_workers", "args": {"workers": 2},
+                           "sent_at": command["sent_at"]}
+        bus.ack(cid, True, "done", workers=2)
+        assert bus.wait_ack(cid, 5)["workers"] == 2
+    finally:
+        bus.reset()

@@ -21,7 +21,7 @@ import enum
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, TypedDict
 
 import redis
 
@@ -51,6 +51,36 @@ class RunnerEvent(enum.StrEnum):
     DECOMMISSION_REFUSED = "decommission_refused"  # an executor still held groups
     WORKERS_CHANGED = "workers_changed"
     FREQUENCY_CHANGED = "frequency_changed"
+
+
+class RunnerCommand(enum.StrEnum):
+    """Every command a runner takes from its commands stream (``Runner._cmd_<name>``);
+    each gets exactly one :class:`Ack`."""
+
+    STOP = "stop"  # {reason}: at once, after the current micro-batch
+    SET_WORKERS = "set_workers"  # {workers, schedule?, planner?}: planned migration
+    MOVE_GROUPS = "move_groups"  # {moves: {group: executor}, schedule?}
+    REBALANCE = "rebalance"  # {planner?, tau?, schedule?}
+    SET_FREQUENCY = "set_frequency"  # {ghz}
+
+
+class Command(TypedDict):
+    """One entry of ``run:<key>:commands`` (field ``c``)."""
+
+    id: str
+    name: RunnerCommand
+    args: dict[str, Any]
+    sent_at: float
+
+
+class Ack(TypedDict):
+    """One entry of ``run:<key>:acks`` (field ``a``); a command's own results (e.g.
+    ``workers``, ``executors``, ``migration``, ``placement``, ``ghz``) ride along."""
+
+    command_id: str
+    ok: bool
+    message: str
+    t: float
 
 
 def metrics_key(bus_key: str) -> str:
@@ -122,17 +152,17 @@ class RunBus:
         return out
 
     def ack(self, command_id: str, ok: bool, message: str, **payload: Any) -> None:
-        body = {"command_id": command_id, "ok": ok, "message": message, "t": time.time(),
-                **payload}
-        self.r.xadd(acks_key(self.key), {"a": json.dumps(body)}, maxlen=STREAM_MAXLEN,
-                    approximate=True)
+        ack: Ack = {"command_id": command_id, "ok": ok, "message": message, "t": time.time()}
+        self.r.xadd(acks_key(self.key), {"a": json.dumps({**ack, **payload})},
+                    maxlen=STREAM_MAXLEN, approximate=True)
 
     # --------------------------------------------------------- control-plane side
-    def send_command(self, name: str, **args: Any) -> str:
+    def send_command(self, name: RunnerCommand | str, **args: Any) -> str:
+        """Queue a command for the runner (ValueError for a name it does not take)."""
         command_id = uuid.uuid4().hex
-        self.r.xadd(commands_key(self.key),
-                    {"c": json.dumps({"id": command_id, "name": name, "args": args,
-                                      "sent_at": time.time()})},
+        command: Command = {"id": command_id, "name": RunnerCommand(name), "args": args,
+                            "sent_at": time.time()}
+        self.r.xadd(commands_key(self.key), {"c": json.dumps(command)},
                     maxlen=STREAM_MAXLEN, approximate=True)
         return command_id
 

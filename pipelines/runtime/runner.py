@@ -736,7 +736,8 @@ class Runner:
         return self.freq_source
 
 
-RECONFIGURATIONS = ("set_workers", "move_groups", "rebalance", "set_frequency")
+RECONFIGURATIONS = tuple(c.value for c in busmod.RunnerCommand
+                         if c is not busmod.RunnerCommand.STOP)
 MIGRATION_TIMEOUT_S = 600.0
 LOAD_WINDOW = 5  # batches over which a group's load is averaged
 
