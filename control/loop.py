@@ -47,6 +47,11 @@ def _key(run: Run, what: str) -> str:
     return f"control:{run.bus_key}:{what}"
 
 
+def _policy_version(run: Run) -> str:
+    """Names keys that an edited policy must not inherit (its controller, its refusal)."""
+    return f"{run.policy.updated_at.timestamp():.6f}"
+
+
 def loop_policy(policy: Policy, run: Run) -> live.LoopPolicy:
     freqs = tuple(run.frequencies or ()) or (run.frequency_ghz or power.NOMINAL_GHZ,)
     return live.LoopPolicy(
@@ -119,7 +124,7 @@ class _RedisControllers:
 
     def __init__(self, run: Run, r: Any) -> None:
         self.r = r
-        self.key = _key(run, f"controller:{run.policy.updated_at.timestamp():.6f}")
+        self.key = _key(run, f"controller:{_policy_version(run)}")
 
     def load(self) -> dict[str, Any] | None:
         try:
@@ -188,8 +193,7 @@ def _tick(run: Run, r: Any) -> Decision | None:
     except live.LoopError as exc:
         control.metrics.consumed()
         # Once per policy version: the next ticks would only repeat it.
-        if r.set(_key(run, f"refused:{run.policy.updated_at.timestamp():.6f}"), "1", nx=True,
-                 ex=STATE_TTL_S):
+        if r.set(_key(run, f"refused:{_policy_version(run)}"), "1", nx=True, ex=STATE_TTL_S):
             actions.record_event(run, EventKind.CONTROLLER_REFUSED, ACTOR,
                                  f"policy {run.policy.name}: {exc}")
         return None
@@ -231,7 +235,7 @@ def finish(decision_id: int, ok: bool, message: str) -> None:
 def set_dry_run(run: Run, on: bool, user: Any) -> None:
     Run.objects.filter(pk=run.pk).update(dry_run=on)
     run.refresh_from_db()
-    actions.record_event(run, EventKind.DRY_RUN_ON if on else EventKind.DRY_RUN_OFF, actions.actor_for(user),
-                         "controller decides and shows, does not act" if on
-                         else "controller acts on its decisions")
+    kind, message = ((EventKind.DRY_RUN_ON, "controller decides and shows, does not act")
+                     if on else (EventKind.DRY_RUN_OFF, "controller acts on its decisions"))
+    actions.record_event(run, kind, actions.actor_for(user), message)
     actions.push(run.pk, {"type": "run.status", "run": actions.run_state(run)})

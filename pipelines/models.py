@@ -169,10 +169,11 @@ class EventKind(enum.StrEnum):
     @classmethod
     def check(cls, kind: str) -> str:
         """``kind`` if it is one of the kinds above (or a composed one); else ValueError."""
-        family, _, rest = kind.partition(":")
-        if rest:
-            return {"status": cls.status, "runner": cls.runner}[family](rest) \
-                if family in ("status", "runner") else cls(kind).value
+        family, colon, rest = kind.partition(":")
+        if colon and family == "status":
+            return cls.status(rest)
+        if colon and family == "runner":
+            return cls.runner(rest)
         return cls(kind).value
 
 

@@ -89,7 +89,8 @@ def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> boo
     elif kind == RunnerEvent.WORKERS_CHANGED:
         actions.update_config(run, workers=event.get("workers", run.workers))
     message = describe(kind, details)
-    actions.record_event(run, EventKind.runner(kind), "runner", message, details, source_id=entry_id)
+    actions.record_event(run, EventKind.runner(kind), "runner", message, details,
+                         source_id=entry_id)
     if kind == RunnerEvent.STOPPED:
         actions.transition(run, RunStatus.STOPPED, "runner", event.get("reason", "stopped"))
         return True

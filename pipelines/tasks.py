@@ -17,6 +17,7 @@ from django.utils import timezone
 from pipelines import actions, launch
 from pipelines.models import ACTIVE_STATUSES, EventKind, Run, RunStatus
 from pipelines.runtime import bus as busmod
+from pipelines.runtime.bus import RECONFIGURATIONS
 
 WORKER = "celery"
 log = logging.getLogger(__name__)
@@ -82,9 +83,6 @@ def stop_run(run_id: int, actor: str = "system") -> str:
     return "stopping"
 
 
-RECONFIGURATIONS = ("set_workers", "move_groups", "rebalance", "set_frequency")
-
-
 @shared_task
 def reconfigure_run(run_id: int, changes: dict, actor: str = "system") -> str:
     """Send one reconfiguration to the run's runner and record its acknowledgement.
@@ -134,8 +132,8 @@ def send_and_wait(run: Run, command: str, args: dict, actor: str) -> tuple[bool,
         actions.update_config(run, workers=ack.get("workers", args.get("workers")))
     elif ack["ok"] and command == "set_frequency":
         actions.update_config(run, frequency_ghz=ack["ghz"], frequency_source=ack["source"])
-    actions.record_event(run, EventKind.RECONFIGURED if ack["ok"] else EventKind.RECONFIGURE_FAILED, "runner",
-                         ack["message"], {**ack, "requested_by": actor})
+    kind = EventKind.RECONFIGURED if ack["ok"] else EventKind.RECONFIGURE_FAILED
+    actions.record_event(run, kind, "runner", ack["message"], {**ack, "requested_by": actor})
     return bool(ack["ok"]), ack["message"]
 
 

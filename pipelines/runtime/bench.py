@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from control.strategies.mpc import Config
+from pipelines.runtime import bus as busmod
 from pipelines.runtime import calibration, cluster, definition, elastic, power, verify
 from pipelines.runtime.harness import HarnessError, RunnerProcess
 
@@ -413,8 +414,8 @@ class HarnessLoop:
 
     # ConfigurationReader: what the runner acknowledged
     def current(self, records: list[dict[str, Any]], f_max: float) -> Config:
-        acks = {json.loads(f["a"])["command_id"]: json.loads(f["a"])
-                for _i, f in self.run.bus.r.xrange(f"run:{self.run.bus_key}:acks")}
+        entries = self.run.bus.r.xrange(busmod.acks_key(self.run.bus_key))
+        acks = {a["command_id"]: a for a in (json.loads(f["a"]) for _i, f in entries)}
         for cid in [c for c in self.waiting if c in acks]:
             self.waiting.remove(cid)
             ack = acks[cid]

@@ -64,6 +64,10 @@ class RunnerCommand(enum.StrEnum):
     SET_FREQUENCY = "set_frequency"  # {ghz}
 
 
+# The commands that reconfigure a running query (all but stop), one at a time.
+RECONFIGURATIONS = tuple(c.value for c in RunnerCommand if c is not RunnerCommand.STOP)
+
+
 class Command(TypedDict):
     """One entry of ``run:<key>:commands`` (field ``c``)."""
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.runtime import bus as busmod
-from pipelines.runtime.bus import RunnerEvent
+from pipelines.runtime.bus import RECONFIGURATIONS, RunnerEvent
 from pipelines.runtime import definition, elastic, frequency, placement, power
 from pipelines.runtime.session import (
     EXECUTOR_WAIT_S,
@@ -570,10 +570,10 @@ class Runner:
         migration = elastic.Migration(reason=reason, strategy=schedule, gap_batches=gap,
                                       target=list(target), steps=steps)
         self.routing.start(migration)
-        self.bus.publish_event(RunnerEvent.MIGRATION_STARTED, migration_id=migration.id, reason=reason,
-                               strategy=schedule, gap_batches=gap, steps=len(steps),
-                               groups=migration.groups_moved, bytes=migration.bytes_moved,
-                               target=target)
+        self.bus.publish_event(RunnerEvent.MIGRATION_STARTED, migration_id=migration.id,
+                               reason=reason, strategy=schedule, gap_batches=gap,
+                               steps=len(steps), groups=migration.groups_moved,
+                               bytes=migration.bytes_moved, target=target)
         deadline = time.monotonic() + MIGRATION_TIMEOUT_S
         while not migration.done.wait(0.25):
             if self.stop_event.is_set() or time.monotonic() > deadline:
@@ -722,7 +722,8 @@ class Runner:
             return False, str(exc), {}
         self.freq_ghz = applied
         label = self._frequency_label()
-        self.bus.publish_event(RunnerEvent.FREQUENCY_CHANGED, ghz=applied, requested=ghz, source=label)
+        self.bus.publish_event(RunnerEvent.FREQUENCY_CHANGED, ghz=applied, requested=ghz,
+                               source=label)
         return True, f"CPU frequency {applied} GHz ({label})", {"ghz": applied,
                                                                  "source": label}
 
@@ -736,8 +737,6 @@ class Runner:
         return self.freq_source
 
 
-RECONFIGURATIONS = tuple(c.value for c in busmod.RunnerCommand
-                         if c is not busmod.RunnerCommand.STOP)
 MIGRATION_TIMEOUT_S = 600.0
 LOAD_WINDOW = 5  # batches over which a group's load is averaged
 
