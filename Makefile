@@ -14,16 +14,7 @@ BENCH_ENV = STREAMWISE_VAR=$(CURDIR)/var/bench REDIS_URL=redis://127.0.0.1:6379/
 bench:          ## push latency, start-up time, sink vs Spark, MPC, planners, simulator, elastic runtime
 	bash .ci/bootstrap.sh --test
 	bash .ci/services.sh
-	$(BENCH_ENV) .venv/bin/python manage.py bench_push
-	$(BENCH_ENV) .venv/bin/python manage.py bench_start
-	$(BENCH_ENV) .venv/bin/python -m pipelines.bench
-	.venv/bin/python -m control bench-mpc --instances 10
-	.venv/bin/python -m control bench-planning
-	.venv/bin/python -m control bench-sim
-	.venv/bin/python -m control reproduce-thesis
-	.venv/bin/python -m pipelines.runtime.bench migration
-	.venv/bin/python -m pipelines.runtime.bench scale
-	.venv/bin/python -m pipelines.runtime.bench closed-loop
+	$(BENCH_ENV) .venv/bin/python manage.py bench
 
 lint:
 	.venv/bin/ruff check .

@@ -39,7 +39,7 @@ def test_the_control_plane_waits_for_an_ack_as_long_as_a_migration_may_run() -> 
     shorter wait marked it failed while the runner went on to apply it."""
     from django.conf import settings
 
-    from pipelines.runtime.runner import MIGRATION_TIMEOUT_S
+    from pipelines.runtime.reconfigure import MIGRATION_TIMEOUT_S
 
     assert settings.COMMAND_ACK_TIMEOUT_S >= MIGRATION_TIMEOUT_S + 60
 
@@ -69,3 +69,47 @@ def test_only_the_runners_commands_can_be_sent() -> None:
         assert bus.wait_ack(cid, 5)["workers"] == 2
     finally:
         bus.reset()
+
+
+def test_a_batchs_metrics_record_is_the_typed_contract_the_control_plane_reads(tmp_path) -> None:
+    """The record the runner builds from Spark's progress and the sink's commit has
+    exactly the fields ``bus.MetricsRecord`` declares, and every field the relay stores
+    or pushes (``pipelines.actions``) is one of them."""
+    from types import SimpleNamespace
+    from typing import get_type_hints
+
+    from pipelines.actions import GROUP_FIELDS, SAMPLE_FIELDS
+    from pipelines.runtime.placement import BatchTasks, TaskRecord
+
+    runner = _runner(tmp_path, t0=1000.0)
+    metrics, groups = runner.metrics, runner.spec.key_groups
+    runner.workers = 2
+    metrics.on_commit(SimpleNamespace(batch_id=3, committed_at=1010.0, output_rows=40))
+    row = SimpleNamespace(asDict=lambda: {"records": 40, "first_emit": 1009.0,
+                                          "q": [1009.1, 1009.2, 1009.5]})
+    progress = SimpleNamespace(
+        batchId=3, observedMetrics={"sw_latency": row}, numInputRows=40,
+        inputRowsPerSecond=80.0, processedRowsPerSecond=90.0,
+        durationMs={"triggerExecution": 400, "addBatch": 300},
+        stateOperators=[SimpleNamespace(numRowsTotal=12)],
+        timestamp="2026-11-25T10:00:00.000Z",
+        sources=[SimpleNamespace(startOffset='{"offset": 100}', endOffset='{"offset": 140}',
+                                 latestOffset='{"offset": 150}')])
+    record = metrics.on_progress(progress)
+    assert record is not None and metrics.queue.get_nowait() is record
+    assert record["latency_p50_ms"] == pytest.approx(500.0)
+    assert (record["source_start"], record["source_end"], record["source_latest"]) == \
+        (100, 140, 150)
+    tasks = BatchTasks(batch_id=3, tasks={
+        g: TaskRecord(group=g, executor=str(g % 2), duration_ms=20, run_ms=10 + g,
+                      records=5, locality="PROCESS_LOCAL", status="SUCCESS", attempt=0)
+        for g in range(groups)})
+    metrics.enrich(record, tasks)
+    declared = get_type_hints(busmod.MetricsRecord)
+    optional = busmod.MetricsRecord.__optional_keys__
+    assert set(record) <= set(declared)
+    assert set(declared) - set(record) <= {"monitor_error", "run_id", "written_at"}
+    # A sample's ``groups`` is built from the record's GROUP_FIELDS.
+    assert (set(SAMPLE_FIELDS) - {"groups"}) | set(GROUP_FIELDS) <= set(declared)
+    assert busmod.MetricsRecord.__required_keys__.isdisjoint(optional)
+    assert metrics.loads() == [float(10 + g) for g in range(groups)]

@@ -128,7 +128,7 @@ STANDBY_QUIET_S = float(os.environ.get("STANDBY_QUIET_S", "30"))
 # A run that has been "starting" this long without a heartbeat is lost.
 RUNNER_START_GRACE_S = float(os.environ.get("RUNNER_START_GRACE_S", "30"))
 # A reconfiguration's acknowledgement may take as long as the runner lets a migration run
-# (pipelines.runtime.runner.MIGRATION_TIMEOUT_S, 600 s) plus an executor's start: a
+# (pipelines.runtime.reconfigure.MIGRATION_TIMEOUT_S, 600 s) plus an executor's start: a
 # shorter wait marked a slow scale-up failed while the runner went on to finish it.
 COMMAND_ACK_TIMEOUT_S = float(os.environ.get("COMMAND_ACK_TIMEOUT_S", "720"))
 

@@ -21,7 +21,7 @@ import enum
 import json
 import time
 import uuid
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import redis
 
@@ -54,7 +54,7 @@ class RunnerEvent(enum.StrEnum):
 
 
 class RunnerCommand(enum.StrEnum):
-    """Every command a runner takes from its commands stream (``Runner._cmd_<name>``);
+    """Every command a runner takes from its commands stream (``reconfigure.Reconfigurer.cmd_<name>``);
     each gets exactly one :class:`Ack`."""
 
     STOP = "stop"  # {reason}: at once, after the current micro-batch
@@ -85,6 +85,66 @@ class Ack(TypedDict):
     ok: bool
     message: str
     t: float
+
+
+class MigrationProgress(TypedDict):
+    """The migration under way when a batch ran (``MetricsRecord.migration``)."""
+
+    id: str
+    reason: str
+    strategy: str
+    steps: int
+    applied: int
+
+
+class MetricsRecord(TypedDict):
+    """One entry of ``run:<key>:metrics`` (field ``m``): one micro-batch, built by
+    ``batch_metrics.BatchMetrics`` from Spark's progress and the sink's commit. Times are
+    epoch seconds, durations milliseconds; latencies are measured per record (emission
+    time -> commit). The placement fields are absent when the batch's tasks could not
+    be read (then ``monitor_error`` says why)."""
+
+    batch_id: int
+    t: float  # the sink's commit time
+    input_rows: int
+    records: int  # records that reached the sink (the latency sample)
+    output_rows: int
+    input_rate: float
+    processed_rate: float
+    scheduled_rate: float  # the source's schedule at t (modelled arrivals)
+    output_rate: float | None
+    batch_duration_ms: int
+    latency_p50_ms: float | None
+    latency_p95_ms: float | None
+    latency_p99_ms: float | None
+    latency_max_ms: float | None
+    workers: int
+    state_rows: int
+    trigger_started_at: float
+    durations_ms: dict[str, int]  # Spark's own phases of the batch
+    source_start: int | None
+    source_end: int | None
+    source_latest: int | None  # records scheduled by now: arrivals and backlog
+    boundary_ms: float | None  # time spent between batches (placement, migration step)
+    repinned: int
+    frequency_ghz: float
+    frequency_source: str
+    power_w: float | None
+    power_source: str
+    # Per key group (index = group), from the batch's stateful tasks:
+    placement: NotRequired[list[str | None]]
+    ran_on: NotRequired[list[str | None]]
+    drift: NotRequired[int]
+    group_moves: NotRequired[int]
+    group_ms: NotRequired[list[int | None]]
+    group_records: NotRequired[list[int | None]]
+    group_bytes: NotRequired[list[int]]
+    failed_tasks: NotRequired[int]
+    migration: NotRequired[MigrationProgress | None]
+    monitor_error: NotRequired[str]
+    # Added by the bus on publish:
+    run_id: NotRequired[int]
+    written_at: NotRequired[float]
 
 
 def metrics_key(bus_key: str) -> str:
@@ -130,9 +190,9 @@ class RunBus:
         self.run_id = run_id_of(key)
 
     # ---------------------------------------------------------------- runner side
-    def publish_metrics(self, record: dict[str, Any]) -> str:
-        record = dict(record, run_id=self.run_id, written_at=time.time())
-        return self.r.xadd(metrics_key(self.key), {"m": json.dumps(record)},
+    def publish_metrics(self, record: MetricsRecord) -> str:
+        wire = {**record, "run_id": self.run_id, "written_at": time.time()}
+        return self.r.xadd(metrics_key(self.key), {"m": json.dumps(wire)},
                            maxlen=STREAM_MAXLEN, approximate=True)
 
     def publish_event(self, kind: RunnerEvent, **payload: Any) -> str:

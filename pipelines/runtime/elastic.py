@@ -1,8 +1,8 @@
 """The elastic keyed operator's routing table and its paced migrations (pure Python).
 
 The runner owns one :class:`RoutingTable`: key group -> executor id. It is applied to
-Spark between micro-batches (``Runner._between_batches``, inside the sink, so no batch
-is running) through the state-store coordinator; the table, not Spark's scheduler,
+Spark between micro-batches (``reconfigure.Reconfigurer.between_batches``, inside the
+sink, so no batch is running) through the state-store coordinator; the table, not Spark's scheduler,
 decides where each group's state lives.
 
 A :class:`Migration` takes the table to a target assignment in *steps* planned by

@@ -11,7 +11,7 @@ Facts this relies on (measured on pyspark 4.3, standalone cluster on 127.0.0.1):
 ``start_scaling``/``scale_to`` release the newest executors; they are used before the
 query starts, when no executor holds state. Once a query runs, the runner first
 migrates an executor's key groups away and then decommissions exactly that executor
-(``runner.Runner._cmd_set_workers``); ``kill`` is Spark's blunt default, kept as the
+(``reconfigure.Reconfigurer.cmd_set_workers``); ``kill`` is Spark's blunt default, kept as the
 benchmarks' baseline.
 """
 from __future__ import annotations
