@@ -1,0 +1,65 @@
+"""``python -m pipelines.nexmark``: NEXMark events and reference results as JSON lines.
+
+    python -m pipelines.nexmark events --events N [--rate R] [--start S]
+        Beam's event stream (default: Beam's default configuration, 10 ms apart);
+        --rate R: one generator at R events/s of event time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipelines.nexmark import generator as gen
+
+
+def _whole(minimum: int):  # noqa: ANN202 - an argparse type
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") \
+                from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+    return parse
+
+
+_positive = _whole(1)
+_non_negative = _whole(0)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m pipelines.nexmark",
+                                  description="NEXMark events and reference results "
+                                  "(JSON lines; Beam's field names, times in epoch ms)")
+    verbs = top.add_subparsers(dest="verb", required=True)
+    events = verbs.add_parser("events", help="print the event stream")
+    events.add_argument("--events", type=_positive, required=True, metavar="N")
+    events.add_argument("--rate", type=_positive, metavar="R",
+                        help="events per second of event time (default: Beam's default)")
+    events.add_argument("--start", type=_non_negative, default=0, metavar="S",
+                        help="first event number (default 0)")
+    return top
+
+
+def config_for(rate: int | None) -> gen.NexmarkConfig:
+    return gen.BEAM_DEFAULT if rate is None else gen.NexmarkConfig.at_rate(rate)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    out = sys.stdout
+    if args.verb == "events":
+        config = config_for(args.rate)
+        for count in range(args.start, args.start + args.events):
+            out.write(json.dumps(gen.event(count, config)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # e.g. piped into head
+        sys.exit(0)
