@@ -128,3 +128,101 @@ def test_the_events_cli_prints_json_lines(tmp_path) -> None:
                           "-3"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "--events" in bad.stderr
+
+
+# ------------------------------------------------------------ the reference queries
+def _person(pid: int, t: int, state: str = "OR", name: str = "Ann") -> dict:
+    return {"type": "person", "id": pid, "name": name, "emailAddress": "", "creditCard": "",
+            "city": "Bend", "state": state, "dateTime": t, "extra": ""}
+
+
+def _auction(aid: int, seller: int, t: int, expires: int, reserve: int = 100,
+             category: int = 10) -> dict:
+    return {"type": "auction", "id": aid, "itemName": "", "description": "",
+            "initialBid": 1, "reserve": reserve, "dateTime": t, "expires": expires,
+            "seller": seller, "category": category, "extra": ""}
+
+
+def _bid(auction: int, price: int, t: int, bidder: int = 7) -> dict:
+    return {"type": "bid", "auction": auction, "bidder": bidder, "price": price,
+            "dateTime": t, "extra": ""}
+
+
+def test_reference_windows_are_epoch_aligned_and_final_only_behind_the_watermark() -> None:
+    from pipelines.nexmark import reference as ref
+
+    assert ref.sliding_windows(7_000) == [0, 5_000]
+    assert ref.sliding_windows(5_000) == [0, 5_000] and ref.sliding_windows(4_999) == [-5_000, 0]
+    events = [_bid(1, 5, 1_000), _bid(2, 9, 2_000), _bid(3, 9, 9_999), _bid(1, 50, 10_000)]
+    # Window [0, 10 s): both bids at 9 win; [10 s, 20 s) is not final at 10 s.
+    assert [(r["auction"], r["windowStart"]) for r in ref.q7(events)] == [(2, 0), (3, 0)]
+    assert [(r["auction"], r["windowStart"]) for r in ref.q7(events, watermark=20_000)] == \
+        [(2, 0), (3, 0), (1, 10_000)]
+    # Q5 over [0, 10 s): every auction has one bid, all tie; [-5 s, 5 s) has two.
+    assert {(r["windowStart"], r["auction"], r["num"]) for r in ref.q5(events)} == \
+        {(-5_000, 1, 1), (-5_000, 2, 1), (0, 1, 1), (0, 2, 1), (0, 3, 1)}
+    assert ref.q1([_bid(1, 1000, 0), _person(1, 0)]) == [_bid(1, 890, 0)]
+    assert ref.q2([_bid(123, 5, 0), _bid(124, 5, 0), _bid(246, 6, 0)]) == \
+        [{"auction": 123, "price": 5}, {"auction": 246, "price": 6}]
+
+
+def test_reference_q3_joins_auctions_seen_before_their_seller_and_drops_idle_state() -> None:
+    from pipelines.nexmark import reference as ref
+
+    events = [_auction(1, seller=5, t=0, expires=9), _person(5, 10), _auction(2, 5, 20, 30),
+              _auction(3, 5, 30, 40, category=11), _person(6, 40, state="WA"),
+              _auction(4, 6, 50, 60),
+              # 600 s with no event for seller 5: its state is gone.
+              _auction(5, 5, 20 + 600_001, 700_000)]
+    assert [r["id"] for r in ref.q3(events)] == [1, 2]
+
+
+def test_reference_winning_bids_q4_q6_follow_beams_rules() -> None:
+    from pipelines.nexmark import reference as ref
+
+    events = [_auction(1, seller=5, t=0, expires=10_000, reserve=100),
+              _bid(1, 50, 100),  # under the reserve
+              _bid(1, 300, 200), _bid(1, 300, 300),  # a tie: the earlier one wins
+              _bid(1, 900, 10_000),  # after it closed
+              _auction(2, seller=5, t=1_000, expires=12_000, reserve=10),
+              _bid(2, 20, 500),  # before it opened
+              _bid(2, 40, 2_000),
+              _auction(3, seller=6, t=1_000, expires=30_000), _bid(3, 500, 1_500)]
+    winners = ref.winning_bids(events, watermark=20_000)
+    assert [(a["id"], b["price"], b["dateTime"]) for a, b in winners] == \
+        [(1, 300, 200), (2, 40, 2_000)]  # auction 3 is still open
+    # Q4: closing times 10 s and 12 s -> windows [5 s, 15 s) and [10 s, 20 s) hold both,
+    # [0, 10 s) none (closes at its end is outside it); mean (300 + 40) / 2 = 170.
+    assert ref.q4(events, watermark=20_000) == [
+        {"category": 10, "price": 170, "windowStart": 5_000},
+        {"category": 10, "price": 170, "windowStart": 10_000}]
+    assert ref.q6(events, watermark=20_000) == [{"seller": 5, "price": 170}]
+    # Q6 keeps the last 10 per seller, by bid time.
+    many = []
+    for i in range(12):
+        many += [_auction(100 + i, seller=9, t=i * 10, expires=i * 10 + 5, reserve=1),
+                 _bid(100 + i, 10 * (i + 1), i * 10 + 1)]
+    assert ref.q6(many, watermark=1_000) == [{"seller": 9, "price": round(sum(
+        10 * (i + 1) for i in range(2, 12)) / 10)}]
+
+
+def test_reference_q8_joins_people_and_their_auctions_in_the_same_window() -> None:
+    from pipelines.nexmark import reference as ref
+
+    events = [_person(5, 1_000, name="Bo"), _auction(1, 5, 2_000, 9, reserve=77),
+              _auction(2, 5, 10_500, 9), _person(6, 9_000), _auction(3, 6, 9_500, 9, 3),
+              _bid(1, 1, 20_000)]
+    assert ref.q8(events) == [{"id": 5, "name": "Bo", "reserve": 77, "windowStart": 0},
+                              {"id": 6, "name": "Ann", "reserve": 3, "windowStart": 0}]
+
+
+def test_the_expected_cli_prints_a_querys_rows() -> None:
+    from pipelines.nexmark import reference as ref
+
+    out = subprocess.run([sys.executable, "-m", "pipelines.nexmark", "expected", "q2",
+                          "--events", "3000"], check=True, capture_output=True,
+                         text=True).stdout.splitlines()
+    assert [json.loads(line) for line in out] == ref.q2(gen.events(3000))
+    bad = subprocess.run([sys.executable, "-m", "pipelines.nexmark", "expected", "Q99",
+                          "--events", "5"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr

@@ -3,6 +3,9 @@
     python -m pipelines.nexmark events --events N [--rate R] [--start S]
         Beam's event stream (default: Beam's default configuration, 10 ms apart);
         --rate R: one generator at R events/s of event time.
+    python -m pipelines.nexmark expected QN --events N [--rate R]
+        The final result rows of query QN (Q0..Q8) over the first N events
+        (``reference.py``: Beam's semantics, outside Spark).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import json
 import sys
 
 from pipelines.nexmark import generator as gen
+from pipelines.nexmark import reference
 
 
 def _whole(minimum: int):  # noqa: ANN202 - an argparse type
@@ -41,6 +45,12 @@ def parser() -> argparse.ArgumentParser:
                         help="events per second of event time (default: Beam's default)")
     events.add_argument("--start", type=_non_negative, default=0, metavar="S",
                         help="first event number (default 0)")
+    expected = verbs.add_parser("expected", help="print a query's final result rows")
+    expected.add_argument("query", type=str.upper, choices=list(reference.QUERIES),
+                          metavar="QN", help=f"one of {', '.join(reference.QUERIES)}")
+    expected.add_argument("--events", type=_positive, required=True, metavar="N")
+    expected.add_argument("--rate", type=_positive, metavar="R",
+                          help="events per second of event time (default: Beam's default)")
     return top
 
 
@@ -55,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         config = config_for(args.rate)
         for count in range(args.start, args.start + args.events):
             out.write(json.dumps(gen.event(count, config)) + "\n")
+    elif args.verb == "expected":
+        events = gen.events(args.events, config_for(args.rate))
+        for row in reference.expected(args.query, events):
+            out.write(json.dumps(row) + "\n")
     return 0
 
 
