@@ -284,18 +284,19 @@ def _person(event_id: int, random: JavaRandom, timestamp: int,
             "extra": extra}
 
 
-def _auction_length_ms(count: int, random: JavaRandom, timestamp: int,
+def _auction_length_ms(count: int, random: JavaRandom, own_timestamp: int,
                        config: NexmarkConfig) -> int:
-    """On average twice the time until ``num_in_flight_auctions`` more auctions."""
+    """On average twice the time until ``num_in_flight_auctions`` more auctions, at
+    the configuration's rate (``own_timestamp``: the event's time under it)."""
     number = config.adjusted_event_number(count)
     events_ahead = (config.num_in_flight_auctions * PROPORTION_DENOMINATOR
                     // AUCTION_PROPORTION)
-    horizon_ms = config.timestamp_ms(number + events_ahead) - timestamp
+    horizon_ms = config.timestamp_ms(number + events_ahead) - own_timestamp
     return 1 + _next_long(random, max(horizon_ms * 2, 1))
 
 
 def _auction(count: int, event_id: int, random: JavaRandom, timestamp: int,
-             config: NexmarkConfig) -> dict[str, Any]:
+             config: NexmarkConfig, own_timestamp: int) -> dict[str, Any]:
     auction_id = last_base0_auction_id(event_id) + FIRST_AUCTION_ID
     if random.next_int(config.hot_sellers_ratio) > 0:
         seller = (last_base0_person_id(event_id) // HOT_BATCH) * HOT_BATCH
@@ -304,7 +305,7 @@ def _auction(count: int, event_id: int, random: JavaRandom, timestamp: int,
     seller += FIRST_PERSON_ID
     category = FIRST_CATEGORY_ID + random.next_int(NUM_CATEGORIES)
     initial_bid = next_price(random)
-    expires = timestamp + _auction_length_ms(count, random, timestamp, config)
+    expires = timestamp + _auction_length_ms(count, random, own_timestamp, config)
     item_name = next_string(random, 20)
     description = next_string(random, 100)
     reserve = initial_bid + next_price(random)
@@ -342,17 +343,23 @@ def event_type(event_id: int) -> EventType:
     return "auction" if rem < PERSON_PROPORTION + AUCTION_PROPORTION else "bid"
 
 
-def event(count: int, config: NexmarkConfig = BEAM_DEFAULT) -> dict[str, Any]:
+def event(count: int, config: NexmarkConfig = BEAM_DEFAULT,
+          timestamp_ms: int | None = None) -> dict[str, Any]:
     """The ``count``-th event of the generator (from 0): a person, an auction or a bid
-    as a dict with a ``type`` key and Beam's field names, times in epoch ms."""
+    as a dict with a ``type`` key and Beam's field names, times in epoch ms.
+
+    ``timestamp_ms`` overrides the event time (Streamwise's sources stamp each event
+    with its scheduled emission time, whatever the rate shape); an auction's length is
+    still drawn from the configuration's own rate, as Beam draws it."""
     event_id = config.event_id(count)
-    timestamp = config.timestamp_ms(config.adjusted_event_number(count))
+    own = config.timestamp_ms(config.adjusted_event_number(count))
+    timestamp = own if timestamp_ms is None else timestamp_ms
     random = JavaRandom(event_id)
     kind = event_type(event_id)
     if kind == "person":
         return _person(event_id, random, timestamp, config)
     if kind == "auction":
-        return _auction(count, event_id, random, timestamp, config)
+        return _auction(count, event_id, random, timestamp, config, own)
     return _bid(event_id, random, timestamp, config)
 
 

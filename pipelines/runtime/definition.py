@@ -30,6 +30,7 @@ from typing import Any
 
 from control import workload as wl
 from control.workload import resolve_data_path
+from pipelines.runtime import dataflow
 
 RATE_KINDS = ("constant", "step", "sine", "random_walk", "trace")
 KEY_KINDS = ("uniform", "zipf", "file")
@@ -82,14 +83,22 @@ class PipelineSpec:
     state_store: str = "rocksdb"
     keep_output: bool = False
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
+    # A dataflow pipeline (``dataflow.py``): its DAG; ``operators`` is then empty.
+    graph: dataflow.Graph | None = field(default=None, compare=False)
+    source_type: str = "generator"  # or "nexmark"
+    nexmark: dict[str, Any] = field(default_factory=dict)  # NexmarkConfig overrides
+    watermark_s: int = 0
 
     @property
     def stateful(self) -> OperatorSpec:
+        """The keyed stateful operator of a chain pipeline."""
         return next(o for o in self.operators if o.type in STATEFUL_TYPES)
 
     @property
     def output_mode(self) -> str:
         """Spark output mode: a keyed aggregate updates rows, fired windows append."""
+        if self.graph is not None:
+            return self.graph.output_mode
         return "append" if self.stateful.type == "hft_window" else "update"
 
     def schedule(self) -> wl.RateSchedule:
@@ -298,9 +307,73 @@ def _validate_operator(op: Any, path: str) -> OperatorSpec:
                         field=_choice(op, "field", path, ("value",), default="value"))
 
 
+NEXMARK_KNOBS = ("hot_auction_ratio", "hot_sellers_ratio", "hot_bidders_ratio",
+                 "num_in_flight_auctions", "num_active_people", "avg_person_byte_size",
+                 "avg_auction_byte_size", "avg_bid_byte_size")
+
+
+def _validate_source_node(src: dict[str, Any], path: str) -> dict[str, Any]:
+    """A dataflow source node's own fields (``dataflow.validate_graph`` calls it)."""
+    kind = src["type"]
+    common = {"id", "type", "seed", "partitions", "rate", "watermark_s"}
+    _allowed(src, path, common | ({"keys"} if kind == "generator" else {"nexmark"}))
+    out: dict[str, Any] = {
+        "seed": int(_number(src, "seed", path, lo=0, hi=2**62, integer=True, default=0)),
+        "partitions": int(_number(src, "partitions", path, lo=1, hi=64, integer=True,
+                                  default=2)),
+        "watermark_s": int(_number(src, "watermark_s", path, lo=0, hi=86_400, integer=True,
+                                   default=0)),
+    }
+    if "rate" not in src:
+        raise DefinitionError(f"{path}.rate", "is required")
+    out["rate"] = _validate_rate(_obj(src["rate"], f"{path}.rate"), f"{path}.rate")
+    if kind == "generator":
+        out["keys"] = _validate_keys(_obj(src.get("keys", {"kind": "uniform", "n": 100}),
+                                          f"{path}.keys"), f"{path}.keys")
+    else:
+        knobs = _obj(src.get("nexmark", {}), f"{path}.nexmark")
+        _allowed(knobs, f"{path}.nexmark", set(NEXMARK_KNOBS))
+        out["nexmark"] = {k: int(_number(knobs, k, f"{path}.nexmark", lo=1, hi=10_000_000,
+                                         integer=True)) for k in knobs}
+    return out
+
+
+def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
+    _allowed(doc, "", {"nodes", "key_groups", "trigger_ms", "max_records_per_batch",
+                       "state_store"})
+    try:
+        graph = dataflow.validate_graph(doc["nodes"], _validate_source_node)
+    except dataflow.GraphError as exc:
+        raise DefinitionError(exc.path, exc.message) from None
+    source = graph.source.params
+    state_store = _choice(doc, "state_store", "", STATE_STORES, default="rocksdb")
+    key_groups = _number(doc, "key_groups", "", lo=1, hi=MAX_KEY_GROUPS, integer=True,
+                         default=8)
+    trigger_ms = _number(doc, "trigger_ms", "", lo=0, hi=3_600_000, integer=True, default=0)
+    max_rows = _number(doc, "max_records_per_batch", "", lo=1, hi=100_000_000, integer=True,
+                       default=2_000_000)
+    keep_output = bool(graph.sink.params["keep_output"])
+    clean = {"nodes": doc["nodes"], "key_groups": key_groups, "trigger_ms": trigger_ms,
+             "max_records_per_batch": max_rows, "state_store": state_store}
+    return PipelineSpec(seed=source["seed"], partitions=source["partitions"],
+                        rate=source["rate"], keys=source.get("keys",
+                                                             {"kind": "uniform", "n": 1}),
+                        operators=(), sink={"type": "latency", "keep_output": keep_output},
+                        key_groups=int(key_groups), trigger_ms=int(trigger_ms),
+                        max_records_per_batch=int(max_rows), state_store=state_store,
+                        keep_output=keep_output, raw=clean, graph=graph,
+                        source_type=graph.source.type, nexmark=source.get("nexmark", {}),
+                        watermark_s=source["watermark_s"])
+
+
 def validate(doc: Any) -> PipelineSpec:
-    """Validate a parsed definition; raise :class:`DefinitionError` on the first problem."""
+    """Validate a parsed definition; raise :class:`DefinitionError` on the first problem.
+
+    A definition with ``nodes`` is a dataflow pipeline (``dataflow.py``); one with
+    ``source``/``operators`` is a chain (one keyed stateful operator)."""
     doc = _obj(doc, "")
+    if "nodes" in doc:
+        return _validate_dataflow(doc)
     _allowed(doc, "", {"source", "operators", "sink", "key_groups", "trigger_ms",
                        "max_records_per_batch", "state_store"})
     if "source" not in doc:

@@ -59,8 +59,14 @@ def _apply_stateless(df: DataFrame, op: definition.OperatorSpec) -> DataFrame:
     return df.withColumn(op.field, expr.cast("double"))
 
 
-def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float) -> DataFrame:
-    """The output stream of a pipeline (before the sink): one row per updated key."""
+def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
+                 plan_dir: Path | None = None) -> DataFrame:
+    """The output stream of a pipeline (before the sink): one row per updated key, or
+    for a dataflow pipeline what reaches its sink node (``dataflow_spark.py``)."""
+    if spec.graph is not None:
+        from pipelines.runtime.dataflow_spark import build_dataflow
+
+        return build_dataflow(spark, spec, t0, plan_dir)
     spark.dataSource.register(GeneratorDataSource)
     # The schema given here spares a Python round trip on the driver at query start.
     df = (spark.readStream.format(SOURCE_NAME).schema(SCHEMA)

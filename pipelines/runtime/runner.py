@@ -250,7 +250,7 @@ class Runner:
         (self.run_dir / "t0").write_text(json.dumps({"t0": self.t0}))
         self.spark.streams.addListener(MetricsListener(self.metrics.on_progress))
         built = time.perf_counter()
-        stream = build_stream(self.spark, self.spec, self.t0)
+        stream = build_stream(self.spark, self.spec, self.t0, self.run_dir / "source-plan")
         print(f"stream built in {time.perf_counter() - built:.1f}s", flush=True)
         writer = (stream.writeStream.foreachBatch(self.sink).outputMode(self.spec.output_mode)
                   .option("checkpointLocation", str(checkpoint))

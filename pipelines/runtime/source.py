@@ -8,12 +8,22 @@ emission time each record carries) includes the wait.
 
 Options (strings, as Spark passes them): ``spec`` (the validated definition as JSON),
 ``t0`` (epoch seconds of the run's start; part of the checkpointed query so a restart
-replays the same schedule).
+replays the same schedule), ``plan_dir`` (optional, below).
+
+A query that reads the source in several places (a dataflow pipeline joining two
+branches of one source) holds one reader per place, each asked for its latest offset
+when Spark plans a micro-batch. Read from the clock, their ends would differ by a few
+records and the branches would see different batches. With ``plan_dir`` the first
+reader to plan the batch starting at ``start`` writes its end to ``plan_dir/<start>``
+(an exclusive create) and every other reader takes that end: by induction from offset
+0 all branches read the same records in every batch.
 """
 from __future__ import annotations
 
 import json
+import os
 import time
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 from dataclasses import dataclass
@@ -66,6 +76,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
         spec = definition.parse(self.spec_json)
         self.partitions_n = spec.partitions
         self.max_rows = spec.max_records_per_batch
+        self.plan_dir = Path(options["plan_dir"]) if options.get("plan_dir") else None
 
     def initialOffset(self) -> dict:
         return {"offset": 0}
@@ -81,9 +92,32 @@ class GeneratorStreamReader(DataSourceStreamReader):
         available = self._available()
         begin = int(start["offset"])
         if isinstance(limit, ReadAllAvailable):
-            return {"offset": max(begin, available)}
-        cap = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
-        return {"offset": max(begin, min(available, begin + int(cap)))}
+            end = max(begin, available)
+        else:
+            cap = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
+            end = max(begin, min(available, begin + int(cap)))
+        return {"offset": self._agree(begin, end) if self.plan_dir else end}
+
+    def _agree(self, begin: int, end: int) -> int:
+        """The end every reader of this query uses for the batch starting at ``begin``."""
+        assert self.plan_dir is not None
+        self.plan_dir.mkdir(parents=True, exist_ok=True)
+        path = self.plan_dir / str(begin)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            for _ in range(200):  # the writer is between its create and its write
+                text = path.read_text().strip()
+                if text:
+                    return int(text)
+                time.sleep(0.005)
+            raise RuntimeError(f"no planned end in {path}") from None
+        with os.fdopen(fd, "w") as out:
+            out.write(str(end))
+        for old in self.plan_dir.iterdir():  # batches before this one are planned
+            if old.name.isdigit() and int(old.name) < begin:
+                old.unlink(missing_ok=True)
+        return end
 
     def reportLatestOffset(self) -> dict:
         return {"offset": self._available()}
@@ -120,8 +154,12 @@ class GeneratorDataSource(DataSource):
         return GeneratorStreamReader(self.options)
 
 
-def source_options(spec: definition.PipelineSpec, t0: float) -> dict[str, str]:
-    return {"spec": json.dumps(spec.raw, sort_keys=True), "t0": repr(t0)}
+def source_options(spec: definition.PipelineSpec, t0: float,
+                   plan_dir: Path | str | None = None) -> dict[str, str]:
+    options = {"spec": json.dumps(spec.raw, sort_keys=True), "t0": repr(t0)}
+    if plan_dir is not None:
+        options["plan_dir"] = str(plan_dir)
+    return options
 
 
 def warm_up(_rows: Iterator[Any]) -> Iterator[int]:

@@ -1,0 +1,116 @@
+"""NEXMark queries as Streamwise dataflow pipelines (``pipelines.runtime.dataflow``).
+
+Each returns a definition over the ``nexmark`` source at a given rate; its results are
+checked against ``reference.py``. Windows are Beam's defaults (fixed 10 s; sliding 10 s
+every 5 s), epoch-aligned like Beam's; the watermark trails the largest event time by
+``watermark_s`` (0: the generator emits in event-time order, so nothing is late).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from pipelines.nexmark import reference as ref
+
+WINDOW = {"kind": "tumbling", "size_s": ref.WINDOW_S}
+SLIDING = {"kind": "sliding", "size_s": ref.WINDOW_S, "slide_s": ref.PERIOD_S}
+BID_COLUMNS = ("auction", "bidder", "price", "dateTime", "extra")
+
+
+def _source(rate: float, partitions: int) -> dict[str, Any]:
+    return {"id": "events", "type": "nexmark", "partitions": partitions,
+            "rate": {"kind": "constant", "records_per_s": rate}}
+
+
+def _bids(source: str = "events") -> dict[str, Any]:
+    return {"id": "bids", "type": "filter", "input": source, "where": "type == 'bid'"}
+
+
+def _definition(nodes: list[dict[str, Any]], key_groups: int, keep_output: bool
+                ) -> dict[str, Any]:
+    nodes = [*nodes, {"id": "out", "type": "sink", "input": nodes[-1]["id"],
+                      "keep_output": keep_output}]
+    return {"nodes": nodes, "key_groups": key_groups}
+
+
+def q0(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q0 'Pass through': every event."""
+    return [_source(rate, partitions),
+            {"id": "passthrough", "type": "filter", "input": "events", "where": "True"}]
+
+
+def q1(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q1 'Currency conversion': bids with the price in euro cents."""
+    cols = {c: c for c in BID_COLUMNS}
+    cols["price"] = "price * 89 // 100"
+    return [_source(rate, partitions), _bids(),
+            {"id": "euro", "type": "project", "input": "bids", "columns": cols}]
+
+
+def q2(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q2 'Selection': bids on every 123rd auction."""
+    return [_source(rate, partitions), _bids(),
+            {"id": "every123rd", "type": "filter", "input": "bids",
+             "where": f"auction % {ref.AUCTION_SKIP} == 0"},
+            {"id": "selected", "type": "project", "input": "every123rd",
+             "columns": {"auction": "auction", "price": "price"}}]
+
+
+def q3(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q3 'Local item suggestion': sellers in OR/ID/CA and their category-10 auctions.
+    Beam's join has no window and drops a key's state after 600 s idle; here the join is
+    bounded in event time: an auction from 60 s before its seller registered (Beam's
+    generator names people up to 10 ahead) to 600 s after — the same result for any run
+    where no seller opens a category-10 auction more than 600 s after registering."""
+    return [_source(rate, partitions),
+            {"id": "sellers", "type": "filter", "input": "events",
+             "where": "type == 'person' and state in ('OR', 'ID', 'CA')"},
+            {"id": "auctions10", "type": "filter", "input": "events",
+             "where": f"type == 'auction' and category == {ref.Q3_CATEGORY}"},
+            {"id": "joined", "type": "join", "left": "sellers", "right": "auctions10",
+             "on": [["id", "seller"]], "within": {"lower_s": -60, "upper_s": 600}},
+            {"id": "suggest", "type": "project", "input": "joined",
+             "columns": {"name": "name", "city": "city", "state": "state",
+                         "id": "right_id"}}]
+
+
+def q5(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q5 'Hot items': per sliding window, the auctions with the most bids."""
+    return [_source(rate, partitions), _bids(),
+            {"id": "counts", "type": "window_aggregate", "input": "bids",
+             "key": ["auction"], "window": SLIDING, "aggregates": {"num": ["count"]}},
+            {"id": "hottest", "type": "window_top", "input": "counts", "by": "num",
+             "window": SLIDING}]
+
+
+def q7(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q7 'Highest bid': per fixed window, the bids at the highest price."""
+    return [_source(rate, partitions), _bids(),
+            {"id": "highest", "type": "window_top", "input": "bids", "by": "price",
+             "window": WINDOW}]
+
+
+def q8(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q8 'Monitor new users': people and the auctions they opened in the same window."""
+    return [_source(rate, partitions),
+            {"id": "people", "type": "filter", "input": "events", "where": "type == 'person'"},
+            {"id": "auctions", "type": "filter", "input": "events",
+             "where": "type == 'auction'"},
+            {"id": "joined", "type": "join", "left": "people", "right": "auctions",
+             "on": [["id", "seller"]], "window": WINDOW},
+            {"id": "newusers", "type": "project", "input": "joined",
+             "columns": {"id": "id", "name": "name", "reserve": "right_reserve"}}]
+
+
+QUERIES = {"Q0": q0, "Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5, "Q7": q7, "Q8": q8}
+# The columns of each query's result rows that the reference lists.
+RESULT_COLUMNS = {
+    "Q0": None, "Q1": BID_COLUMNS, "Q2": ("auction", "price"),
+    "Q3": ("name", "city", "state", "id"), "Q5": ("auction", "num", "windowStart"),
+    "Q7": (*BID_COLUMNS, "windowStart"), "Q8": ("id", "name", "reserve", "windowStart"),
+}
+
+
+def definition(query: str, rate: float, *, partitions: int = 2, key_groups: int = 4,
+               keep_output: bool = True) -> dict[str, Any]:
+    """The pipeline definition of NEXMark query ``query`` (e.g. ``"Q3"``)."""
+    return _definition(QUERIES[query.upper()](rate, partitions), key_groups, keep_output)

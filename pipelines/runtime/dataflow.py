@@ -1,0 +1,544 @@
+"""Dataflow pipelines: a DAG of named operators with explicit inputs (validation, no Spark).
+
+A dataflow definition lists ``nodes``; each names its ``input`` (or ``left`` and
+``right``) by id::
+
+    {"nodes": [
+       {"id": "events", "type": "nexmark", "partitions": 2,
+        "rate": {"kind": "constant", "records_per_s": 2000}},
+       {"id": "bids", "type": "filter", "input": "events", "where": "type == 'bid'"},
+       {"id": "euro", "type": "project", "input": "bids",
+        "columns": {"auction": "auction", "price": "price * 89 // 100"}},
+       {"id": "out", "type": "sink", "input": "euro", "keep_output": true}],
+     "key_groups": 8}
+
+Node types: sources ``generator`` (the keyed record generator) and ``nexmark`` (Beam's
+NEXMark events, ``pipelines.nexmark``); stateless ``filter`` (``where``) and ``project``
+(``columns``: name -> expression); stateful ``keyed_aggregate`` (no window; the query
+then runs in update mode), ``window_aggregate`` (tumbling, sliding or session windows
+on event time), ``window_top`` (per window, the rows at the highest value of a column,
+ties kept) and ``join`` (stream–stream inner join on keys, bounded in event time by an
+interval or by a common tumbling window); one ``sink``.
+
+Expressions are Python-syntax formulas over the input's columns — arithmetic
+(``+ - * / // %``), comparisons, ``and``/``or``/``not``, ``in (…)`` over literals —
+parsed here with :mod:`ast` and compiled to Spark columns (``dataflow_spark.py``); no
+function call or attribute is accepted, so a definition cannot reach Spark's SQL
+functions that call into the JVM.
+
+Every node knows its output columns, so an error names the node, the field and what is
+wrong (``nodes[3] (q2).where: unknown column 'auctoin'``). Shapes Spark refuses are
+refused here with Spark's reason: several stateful operators run in one query only in
+append mode (Spark ≥ 3.4), so a ``keyed_aggregate`` (update mode) must be the only
+stateful node.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+SOURCE_TYPES = ("generator", "nexmark")
+STATELESS_TYPES = ("filter", "project")
+STATEFUL_TYPES = ("keyed_aggregate", "window_aggregate", "window_top", "join")
+NODE_TYPES = SOURCE_TYPES + STATELESS_TYPES + STATEFUL_TYPES + ("sink",)
+AGGREGATES = ("count", "sum", "min", "max", "mean")
+WINDOW_KINDS = ("tumbling", "sliding", "session")
+MAX_NODES = 64
+
+# Columns every row carries from its source: the scheduled emission time (latency) and
+# the event time (windows and watermarks).
+TIME_COLUMNS = {"emit_ts": "double", "event_time": "timestamp"}
+GENERATOR_COLUMNS = {"seq": "long", "key": "long", "value": "double", **TIME_COLUMNS}
+NEXMARK_COLUMNS = {
+    "seq": "long", "type": "string",
+    # person and auction
+    "id": "long", "name": "string", "emailAddress": "string", "creditCard": "string",
+    "city": "string", "state": "string", "itemName": "string", "description": "string",
+    "initialBid": "long", "reserve": "long", "expires": "long", "seller": "long",
+    "category": "long",
+    # bid
+    "auction": "long", "bidder": "long", "price": "long",
+    "dateTime": "long", "extra": "string", **TIME_COLUMNS,
+}
+
+
+class GraphError(ValueError):
+    """A problem at ``path`` (e.g. ``nodes[2] (bids).where``)."""
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}" if path else message)
+
+
+Columns = dict[str, str]  # name -> type (long, double, string, timestamp, window)
+
+
+@dataclass(frozen=True)
+class Window:
+    kind: str
+    size_s: int = 0
+    slide_s: int = 0
+    gap_s: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "session":
+            out["gap_s"] = self.gap_s
+        else:
+            out["size_s"] = self.size_s
+            if self.kind == "sliding":
+                out["slide_s"] = self.slide_s
+        return out
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    type: str
+    path: str  # where it is in the document, for errors
+    inputs: tuple[str, ...]
+    params: dict[str, Any]
+    columns: Columns = field(default_factory=dict)
+
+    @property
+    def stateful(self) -> bool:
+        return self.type in STATEFUL_TYPES
+
+
+@dataclass(frozen=True)
+class Graph:
+    nodes: tuple[Node, ...]  # in an order where every input comes first
+
+    def node(self, node_id: str) -> Node:
+        return next(n for n in self.nodes if n.id == node_id)
+
+    @property
+    def source(self) -> Node:
+        return next(n for n in self.nodes if n.type in SOURCE_TYPES)
+
+    @property
+    def sink(self) -> Node:
+        return next(n for n in self.nodes if n.type == "sink")
+
+    @property
+    def stateful(self) -> tuple[Node, ...]:
+        return tuple(n for n in self.nodes if n.stateful)
+
+    @property
+    def output_mode(self) -> str:
+        return "update" if any(n.type == "keyed_aggregate" for n in self.nodes) else "append"
+
+    def edges(self) -> list[tuple[str, str]]:
+        return [(i, n.id) for n in self.nodes for i in n.inputs]
+
+
+# ------------------------------------------------------------------- expressions
+_BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
+           ast.Mod: "%"}
+_COMPARE = {ast.Eq: "==", ast.NotEq: "!=", ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">",
+            ast.GtE: ">=", ast.In: "in", ast.NotIn: "not in"}
+
+
+def parse_expression(text: Any, columns: Columns, path: str) -> ast.expr:
+    """Parse and check an expression over ``columns``; the tree is what the Spark
+    compiler walks."""
+    if not isinstance(text, str) or not text.strip():
+        raise GraphError(path, "must be an expression (a non-empty string)")
+    if len(text) > 2000:
+        raise GraphError(path, "is longer than 2000 characters")
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError as exc:
+        raise GraphError(path, f"is not a valid expression ({exc.msg}, column "
+                               f"{exc.offset})") from None
+    _check(tree, columns, path)
+    return tree
+
+
+def _literal(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool))
+
+
+def _check(node: ast.expr, columns: Columns, path: str) -> None:
+    if isinstance(node, ast.Name):
+        if node.id not in columns:
+            raise GraphError(path, f"unknown column {node.id!r} (columns: "
+                                   f"{', '.join(sorted(columns))})")
+    elif _literal(node):
+        return
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        _check(node.left, columns, path)
+        _check(node.right, columns, path)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+        _check(node.operand, columns, path)
+    elif isinstance(node, ast.BoolOp):
+        for value in node.values:
+            _check(value, columns, path)
+    elif isinstance(node, ast.Compare) and len(node.ops) == 1 \
+            and type(node.ops[0]) in _COMPARE:
+        _check(node.left, columns, path)
+        right = node.comparators[0]
+        if isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            if not isinstance(right, (ast.Tuple, ast.List)) or not right.elts \
+                    or not all(_literal(e) for e in right.elts):
+                raise GraphError(path, "'in' takes a list of literals, e.g. "
+                                       "state in ('OR', 'ID')")
+        else:
+            _check(right, columns, path)
+    else:
+        what = type(node).__name__
+        if isinstance(node, ast.Compare):
+            what = "a chained comparison (write a < b and b < c)"
+        elif isinstance(node, (ast.Call, ast.Attribute)):
+            what = "a function call or attribute (not allowed)"
+        raise GraphError(path, f"{what} is not supported here")
+
+
+def expression_type(node: ast.expr, columns: Columns) -> str:
+    """Best-effort result type (for the output schema of ``project``)."""
+    if isinstance(node, ast.Name):
+        return columns[node.id]
+    if isinstance(node, ast.Constant):
+        return {bool: "boolean", int: "long", float: "double", str: "string"}[
+            type(node.value)]
+    if isinstance(node, (ast.Compare, ast.BoolOp)) or \
+            (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not)):
+        return "boolean"
+    if isinstance(node, ast.UnaryOp):
+        return expression_type(node.operand, columns)
+    if isinstance(node, ast.BinOp):
+        if isinstance(node.op, ast.Div):
+            return "double"
+        types = {expression_type(node.left, columns), expression_type(node.right, columns)}
+        return "double" if "double" in types else "long"
+    return "double"
+
+
+# ----------------------------------------------------------------------- helpers
+def _obj(doc: Any, path: str) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise GraphError(path, "must be an object")
+    return doc
+
+
+def _allowed(doc: dict[str, Any], path: str, allowed: set[str]) -> None:
+    unknown = sorted(set(doc) - allowed)
+    if unknown:
+        raise GraphError(f"{path}.{unknown[0]}",
+                         f"unknown field (allowed: {', '.join(sorted(allowed))})")
+
+
+def _int(doc: dict[str, Any], key: str, path: str, lo: int, hi: int,
+         default: int | None = None) -> int:
+    if key not in doc:
+        if default is None:
+            raise GraphError(f"{path}.{key}", "is required")
+        return default
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise GraphError(f"{path}.{key}", f"must be a whole number in {lo}..{hi}, got "
+                                          f"{json.dumps(value)}")
+    return value
+
+
+def _columns_list(doc: dict[str, Any], key: str, path: str, columns: Columns,
+                  default: list[str] | None = None) -> list[str]:
+    raw = doc.get(key, default)
+    if raw is None:
+        raise GraphError(f"{path}.{key}", "is required (a list of column names)")
+    if isinstance(raw, str):
+        raw = [raw]
+    if not isinstance(raw, list) or not all(isinstance(c, str) for c in raw):
+        raise GraphError(f"{path}.{key}", "must be a list of column names")
+    for c in raw:
+        if c not in columns:
+            raise GraphError(f"{path}.{key}", f"unknown column {c!r} (columns: "
+                                              f"{', '.join(sorted(columns))})")
+    return list(raw)
+
+
+def _window(doc: Any, path: str) -> Window:
+    doc = _obj(doc, path)
+    kind = doc.get("kind")
+    if kind not in WINDOW_KINDS:
+        raise GraphError(f"{path}.kind", f"{json.dumps(kind)} is not one of: "
+                                         f"{', '.join(WINDOW_KINDS)}")
+    if kind == "session":
+        _allowed(doc, path, {"kind", "gap_s"})
+        return Window(kind, gap_s=_int(doc, "gap_s", path, 1, 86_400))
+    if kind == "tumbling":
+        _allowed(doc, path, {"kind", "size_s"})
+        return Window(kind, size_s=_int(doc, "size_s", path, 1, 86_400))
+    _allowed(doc, path, {"kind", "size_s", "slide_s"})
+    size = _int(doc, "size_s", path, 1, 86_400)
+    slide = _int(doc, "slide_s", path, 1, size)
+    if size % slide:
+        raise GraphError(f"{path}.slide_s", f"must divide size_s ({size}) so that every "
+                                            "window holds whole slides")
+    return Window(kind, size_s=size, slide_s=slide)
+
+
+def _aggregates(doc: dict[str, Any], path: str, columns: Columns) -> dict[str, tuple[str, str]]:
+    raw = doc.get("aggregates")
+    if not isinstance(raw, dict) or not raw:
+        raise GraphError(f"{path}.aggregates", "must be an object {output: [function, "
+                                               "column]}, e.g. {\"bids\": [\"count\"]}")
+    out: dict[str, tuple[str, str]] = {}
+    for name, spec in raw.items():
+        where = f"{path}.aggregates.{name}"
+        if not name.isidentifier():
+            raise GraphError(where, "an output name must be an identifier")
+        if isinstance(spec, str):
+            spec = [spec]
+        if not isinstance(spec, list) or not 1 <= len(spec) <= 2 or spec[0] not in AGGREGATES:
+            raise GraphError(where, f"must be [function, column] with a function in "
+                                    f"{', '.join(AGGREGATES)}")
+        if spec[0] == "count" and len(spec) == 1:
+            out[name] = ("count", "")
+            continue
+        if len(spec) != 2 or spec[1] not in columns:
+            raise GraphError(where, f"{spec[0]} needs a column of the input (columns: "
+                                    f"{', '.join(sorted(columns))})")
+        out[name] = (spec[0], spec[1])
+    return out
+
+
+# --------------------------------------------------------------------- the graph
+NodeBuilder = Callable[[dict[str, Any], str, list[Node]], tuple[dict[str, Any], Columns]]
+
+
+def _source(doc: dict[str, Any], path: str, _inputs: list[Node],
+            validate_source: Callable[[dict[str, Any], str], dict[str, Any]]
+            ) -> tuple[dict[str, Any], Columns]:
+    params = validate_source(doc, path)
+    columns = GENERATOR_COLUMNS if doc["type"] == "generator" else NEXMARK_COLUMNS
+    return params, dict(columns)
+
+
+def _filter(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    _allowed(doc, path, {"id", "type", "input", "where"})
+    parse_expression(doc.get("where"), inputs[0].columns, f"{path}.where")
+    return {"where": doc["where"]}, dict(inputs[0].columns)
+
+
+def _project(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    _allowed(doc, path, {"id", "type", "input", "columns"})
+    raw = doc.get("columns")
+    if not isinstance(raw, dict) or not raw:
+        raise GraphError(f"{path}.columns", "must be an object {output column: expression}")
+    src = inputs[0].columns
+    out: Columns = {}
+    for name, expr in raw.items():
+        where = f"{path}.columns.{name}"
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(where, "an output column name must be an identifier")
+        if name in TIME_COLUMNS:
+            raise GraphError(where, f"{name} is carried from the source; it cannot be set")
+        out[name] = expression_type(parse_expression(expr, src, where), src)
+    for name, kind in TIME_COLUMNS.items():  # latency and event time ride along
+        out[name] = kind
+    if "windowStart" in src and "windowStart" not in out:
+        out["windowStart"] = "long"
+    return {"columns": dict(raw)}, out
+
+
+def _keyed_aggregate(doc: dict[str, Any], path: str,
+                     inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    _allowed(doc, path, {"id", "type", "input", "key", "aggregates"})
+    src = inputs[0].columns
+    key = _columns_list(doc, "key", path, src)
+    aggs = _aggregates(doc, path, src)
+    cols: Columns = {k: src[k] for k in key}
+    cols.update({n: ("long" if f == "count" else "double") for n, (f, _c) in aggs.items()})
+    return {"key": key, "aggregates": {n: list(v) for n, v in aggs.items()}}, cols
+
+
+def _window_aggregate(doc: dict[str, Any], path: str,
+                      inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    _allowed(doc, path, {"id", "type", "input", "key", "window", "aggregates"})
+    src = inputs[0].columns
+    if "event_time" not in src or src.get("window") == "window":
+        raise GraphError(f"{path}.input", "a window needs rows with their event time "
+                                          "(not the output of another window)")
+    key = _columns_list(doc, "key", path, src, default=[])
+    window = _window(doc.get("window"), f"{path}.window")
+    aggs = _aggregates(doc, path, src)
+    cols: Columns = {k: src[k] for k in key}
+    cols.update({n: ("long" if f in ("count",) else "double") for n, (f, _c) in aggs.items()})
+    cols.update(windowStart="long", window="window", emit_ts="double")
+    return {"key": key, "window": window.as_dict(),
+            "aggregates": {n: list(v) for n, v in aggs.items()}}, cols
+
+
+def _window_top(doc: dict[str, Any], path: str,
+                inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    _allowed(doc, path, {"id", "type", "input", "by", "window"})
+    src = inputs[0].columns
+    by = doc.get("by")
+    if not isinstance(by, str) or by not in src or src[by] not in ("long", "double"):
+        raise GraphError(f"{path}.by", "must name a numeric column of the input (columns: "
+                                       f"{', '.join(sorted(c for c, t in src.items() if t in ('long', 'double')))})")
+    window = _window(doc.get("window"), f"{path}.window")
+    if window.kind == "session":
+        raise GraphError(f"{path}.window.kind", "window_top takes tumbling or sliding windows")
+    chained = src.get("window") == "window"
+    if chained and inputs[0].params.get("window") != window.as_dict():
+        raise GraphError(f"{path}.window", "must be the window of its input "
+                                           f"({json.dumps(inputs[0].params.get('window'))})")
+    cols = {c: t for c, t in src.items() if c != "window"}
+    cols.update(windowStart="long", emit_ts="double")
+    return {"by": by, "window": window.as_dict(), "chained": chained}, cols
+
+
+def _join(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    _allowed(doc, path, {"id", "type", "left", "right", "on", "within", "window"})
+    left, right = inputs
+    on = doc.get("on")
+    if not isinstance(on, list) or not on or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(c, str) for c in p)
+            for p in on):
+        raise GraphError(f"{path}.on", "must be a list of [left column, right column] pairs")
+    for i, (lc, rc) in enumerate(on):
+        if lc not in left.columns:
+            raise GraphError(f"{path}.on[{i}]", f"unknown column {lc!r} of {left.id}")
+        if rc not in right.columns:
+            raise GraphError(f"{path}.on[{i}]", f"unknown column {rc!r} of {right.id}")
+    for side in (left, right):
+        if "event_time" not in side.columns or "window" in side.columns:
+            raise GraphError(path, f"{side.id} has no event time to bound the join's state "
+                                   "(join raw rows, not window results)")
+    if ("within" in doc) == ("window" in doc):
+        raise GraphError(path, "needs exactly one of 'within' (right's event time within "
+                               "[left's + lower_s, left's + upper_s]) or 'window' (the "
+                               "same tumbling window): Spark keeps a stream–stream join's "
+                               "state only while a time bound allows")
+    params: dict[str, Any] = {"left": left.id, "right": right.id, "on": on}
+    if "within" in doc:
+        within = _obj(doc["within"], f"{path}.within")
+        _allowed(within, f"{path}.within", {"lower_s", "upper_s"})
+        lower = _int(within, "lower_s", f"{path}.within", -86_400, 86_400)
+        upper = _int(within, "upper_s", f"{path}.within", lower, 86_400)
+        params["within"] = {"lower_s": lower, "upper_s": upper}
+    else:
+        window = _window(doc["window"], f"{path}.window")
+        if window.kind != "tumbling":
+            raise GraphError(f"{path}.window.kind", "a windowed join takes a tumbling window")
+        params["window"] = window.as_dict()
+    cols: Columns = dict(left.columns)
+    for c, t in right.columns.items():
+        cols[f"right_{c}" if c in cols else c] = t
+    if "window" in params:
+        cols["windowStart"] = "long"
+    return params, cols
+
+
+def _sink(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    _allowed(doc, path, {"id", "type", "input", "keep_output"})
+    keep = doc.get("keep_output", False)
+    if not isinstance(keep, bool):
+        raise GraphError(f"{path}.keep_output", "must be true or false")
+    return {"keep_output": keep}, dict(inputs[0].columns)
+
+
+BUILDERS: dict[str, NodeBuilder] = {
+    "filter": _filter, "project": _project, "keyed_aggregate": _keyed_aggregate,
+    "window_aggregate": _window_aggregate, "window_top": _window_top, "join": _join,
+    "sink": _sink,
+}
+
+
+def validate_graph(nodes_doc: Any,
+                   validate_source: Callable[[dict[str, Any], str], dict[str, Any]]) -> Graph:
+    """Validate the ``nodes`` list into a :class:`Graph` (inputs before their users).
+
+    ``validate_source(doc, path)`` checks a source node's own fields (rate, keys, …) and
+    returns them cleaned; it is ``definition``'s, shared with chain pipelines."""
+    if not isinstance(nodes_doc, list) or not nodes_doc:
+        raise GraphError("nodes", "must be a non-empty list of operators")
+    if len(nodes_doc) > MAX_NODES:
+        raise GraphError("nodes", f"at most {MAX_NODES} nodes")
+    docs: dict[str, tuple[int, dict[str, Any]]] = {}
+    for i, raw in enumerate(nodes_doc):
+        doc = _obj(raw, f"nodes[{i}]")
+        node_id = doc.get("id")
+        if not isinstance(node_id, str) or not node_id.isidentifier():
+            raise GraphError(f"nodes[{i}].id", "must be a name (letters, digits, _), "
+                                               f"got {json.dumps(node_id)}")
+        if node_id in docs:
+            raise GraphError(f"nodes[{i}].id", f"{node_id!r} is used twice")
+        if doc.get("type") not in NODE_TYPES:
+            raise GraphError(f"nodes[{i}] ({node_id}).type",
+                             f"{json.dumps(doc.get('type'))} is not one of: "
+                             f"{', '.join(NODE_TYPES)}")
+        docs[node_id] = (i, doc)
+
+    def path_of(node_id: str) -> str:
+        return f"nodes[{docs[node_id][0]}] ({node_id})"
+
+    def inputs_of(node_id: str) -> list[str]:
+        doc = docs[node_id][1]
+        keys = ("left", "right") if doc["type"] == "join" else \
+            () if doc["type"] in SOURCE_TYPES else ("input",)
+        names = []
+        for key in keys:
+            name = doc.get(key)
+            if not isinstance(name, str):
+                raise GraphError(f"{path_of(node_id)}.{key}", "must name the node it reads "
+                                                              "from")
+            if name not in docs:
+                raise GraphError(f"{path_of(node_id)}.{key}", f"unknown node {name!r} "
+                                 f"(nodes: {', '.join(docs)})")
+            if docs[name][1]["type"] == "sink":
+                raise GraphError(f"{path_of(node_id)}.{key}", f"{name!r} is a sink; "
+                                                              "nothing reads from a sink")
+            names.append(name)
+        return names
+
+    sources = [n for n, (_i, d) in docs.items() if d["type"] in SOURCE_TYPES]
+    sinks = [n for n, (_i, d) in docs.items() if d["type"] == "sink"]
+    if len(sources) != 1:
+        raise GraphError("nodes", f"needs exactly one source node (generator or nexmark); "
+                                  f"found {len(sources)}: every branch reads the one "
+                                  "source's micro-batch")
+    if len(sinks) != 1:
+        raise GraphError("nodes", f"needs exactly one sink node; found {len(sinks)}")
+
+    built: dict[str, Node] = {}
+    visiting: set[str] = set()
+
+    def build(node_id: str) -> Node:
+        if node_id in built:
+            return built[node_id]
+        if node_id in visiting:
+            raise GraphError(f"{path_of(node_id)}", "is part of a cycle: a pipeline is a "
+                                                    "DAG")
+        visiting.add(node_id)
+        inputs = [build(name) for name in inputs_of(node_id)]
+        doc, path = docs[node_id][1], path_of(node_id)
+        if doc["type"] in SOURCE_TYPES:
+            params, columns = _source(doc, path, inputs, validate_source)
+        else:
+            params, columns = BUILDERS[doc["type"]](doc, path, inputs)
+        visiting.discard(node_id)
+        built[node_id] = Node(node_id, doc["type"], path, tuple(i.id for i in inputs),
+                              params, columns)
+        order.append(built[node_id])
+        return built[node_id]
+
+    order: list[Node] = []
+    build(sinks[0])
+    unused = [n for n in docs if n not in built]
+    if unused:
+        raise GraphError(path_of(unused[0]), "does not lead to the sink")
+    graph = Graph(tuple(order))
+    keyed = [n for n in graph.stateful if n.type == "keyed_aggregate"]
+    if keyed and len(graph.stateful) > 1:
+        raise GraphError(f"{keyed[0].path}.type", "a keyed_aggregate without a window runs "
+                         "in update mode, and Spark runs several stateful operators in one "
+                         "query only in append mode: use a window_aggregate, or make it the "
+                         "only stateful node")
+    return graph
