@@ -32,6 +32,10 @@ def _definition(nodes: list[dict[str, Any]], key_groups: int, keep_output: bool
     return {"nodes": nodes, "key_groups": key_groups}
 
 
+def _with_reference(doc: dict[str, Any], query: str) -> dict[str, Any]:
+    return {**doc, "reference": f"nexmark:{query}"}
+
+
 def q0(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
     """Q0 'Pass through': every event."""
     return [_source(rate, partitions),
@@ -113,4 +117,6 @@ RESULT_COLUMNS = {
 def definition(query: str, rate: float, *, partitions: int = 2, key_groups: int = 4,
                keep_output: bool = True) -> dict[str, Any]:
     """The pipeline definition of NEXMark query ``query`` (e.g. ``"Q3"``)."""
-    return _definition(QUERIES[query.upper()](rate, partitions), key_groups, keep_output)
+    query = query.upper()
+    return _with_reference(_definition(QUERIES[query](rate, partitions), key_groups,
+                                       keep_output), query)

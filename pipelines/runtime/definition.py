@@ -88,6 +88,7 @@ class PipelineSpec:
     source_type: str = "generator"  # or "nexmark"
     nexmark: dict[str, Any] = field(default_factory=dict)  # NexmarkConfig overrides
     watermark_s: int = 0
+    reference: str | None = None  # e.g. "nexmark:Q3": what the verifier compares with
 
     @property
     def stateful(self) -> OperatorSpec:
@@ -307,6 +308,7 @@ def _validate_operator(op: Any, path: str) -> OperatorSpec:
                         field=_choice(op, "field", path, ("value",), default="value"))
 
 
+REFERENCES = tuple(f"nexmark:Q{i}" for i in range(9))
 NEXMARK_KNOBS = ("hot_auction_ratio", "hot_sellers_ratio", "hot_bidders_ratio",
                  "num_in_flight_auctions", "num_active_people", "avg_person_byte_size",
                  "avg_auction_byte_size", "avg_bid_byte_size")
@@ -340,7 +342,7 @@ def _validate_source_node(src: dict[str, Any], path: str) -> dict[str, Any]:
 
 def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
     _allowed(doc, "", {"nodes", "key_groups", "trigger_ms", "max_records_per_batch",
-                       "state_store"})
+                       "state_store", "reference"})
     try:
         graph = dataflow.validate_graph(doc["nodes"], _validate_source_node)
     except dataflow.GraphError as exc:
@@ -353,8 +355,17 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
     max_rows = _number(doc, "max_records_per_batch", "", lo=1, hi=100_000_000, integer=True,
                        default=2_000_000)
     keep_output = bool(graph.sink.params["keep_output"])
+    reference = doc.get("reference")
+    if reference is not None and reference not in REFERENCES:
+        raise DefinitionError("reference", f"{json.dumps(reference)} is not one of: "
+                              f"{', '.join(REFERENCES)} (the result the verifier checks "
+                              "the kept output against)")
+    if reference is not None and graph.source.type != "nexmark":
+        raise DefinitionError("reference", "a NEXMark reference needs the nexmark source")
     clean = {"nodes": doc["nodes"], "key_groups": key_groups, "trigger_ms": trigger_ms,
              "max_records_per_batch": max_rows, "state_store": state_store}
+    if reference is not None:
+        clean["reference"] = reference
     return PipelineSpec(seed=source["seed"], partitions=source["partitions"],
                         rate=source["rate"], keys=source.get("keys",
                                                              {"kind": "uniform", "n": 1}),
@@ -363,7 +374,7 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
                         max_records_per_batch=int(max_rows), state_store=state_store,
                         keep_output=keep_output, raw=clean, graph=graph,
                         source_type=graph.source.type, nexmark=source.get("nexmark", {}),
-                        watermark_s=source["watermark_s"])
+                        watermark_s=source["watermark_s"], reference=reference)
 
 
 def validate(doc: Any) -> PipelineSpec:

@@ -50,25 +50,72 @@ def state_root(checkpoint: Path | str) -> str:
     return f"file:{Path(checkpoint).resolve()}/state"
 
 
+def state_stores(checkpoint: Path | str) -> list[tuple[int, str]]:
+    """Every (stateful operator id, store name) of a query, read from its checkpoint's
+    ``state/<operator>/0/`` (an aggregation has the ``default`` store; a stream–stream
+    join four, one directory each). Empty before the first batch commits."""
+    root = Path(checkpoint) / "state"
+    found: list[tuple[int, str]] = []
+    try:
+        operators = sorted(int(d.name) for d in root.iterdir() if d.name.isdigit())
+    except OSError:
+        return found
+    for op in operators:
+        part = root / str(op) / "0"
+        try:
+            entries = list(part.iterdir())
+        except OSError:
+            continue
+        if any(_FILE_RE.match(e.name) for e in entries):
+            found.append((op, DEFAULT_STORE))
+        found.extend((op, e.name) for e in sorted(entries, key=lambda e: e.name)
+                     if e.is_dir() and e.name != "SSTs" and not e.name.startswith("_"))
+    return found
+
+
 class StateStoreCoordinatorView:
-    """Read and set the driver's state-store locations of one stateful operator."""
+    """Read and set the driver's state-store locations of a query's key groups.
+
+    Key group g is partition g of *every* stateful operator (all share
+    ``spark.sql.shuffle.partitions``): pinning g pins each operator's store for that
+    partition, so a group's whole state moves together. The stores are found in the
+    checkpoint once the first batch wrote them (until then: operator 0's default)."""
 
     def __init__(self, spark: Any, query_run_id: str, checkpoint: Path | str, groups: int,
-                 operator_id: int = 0, store_name: str = DEFAULT_STORE) -> None:
+                 stores: Sequence[tuple[int, str]] | None = None) -> None:
         self.jvm = spark.sparkContext._jvm
         self.coordinator = spark._jsparkSession.streams().stateStoreCoordinator()
-        pkg = self.jvm.org.apache.spark.sql.execution.streaming.state
-        run_uuid = self.jvm.java.util.UUID.fromString(query_run_id)
-        root = state_root(checkpoint)
+        self.pkg = self.jvm.org.apache.spark.sql.execution.streaming.state
+        self.run_uuid = self.jvm.java.util.UUID.fromString(query_run_id)
+        self.checkpoint = Path(checkpoint)
+        self.root = state_root(checkpoint)
         self.groups = groups
-        self._providers = [
-            pkg.StateStoreProviderId(pkg.StateStoreId(root, operator_id, g, store_name), run_uuid)
-            for g in range(groups)]
+        self.fixed = list(stores) if stores else None
+        self.stores: list[tuple[int, str]] = []
+        self._providers: list[list[Any]] = []  # per store, per group
+        self._discovered = False
         self._empty_seq = self.jvm.PythonUtils.toSeq([])
+        self._refresh()
+
+    def _refresh(self) -> None:
+        if self._discovered:
+            return  # a query's stores never change once written
+        found = self.fixed or state_stores(self.checkpoint)
+        self._discovered = bool(found)
+        stores = found or [(0, DEFAULT_STORE)]
+        if stores == self.stores:
+            return
+        self.stores = stores
+        self._providers = [
+            [self.pkg.StateStoreProviderId(self.pkg.StateStoreId(self.root, op, g, name),
+                                           self.run_uuid) for g in range(self.groups)]
+            for op, name in stores]
 
     def location(self, group: int) -> str | None:
-        """Executor id the coordinator holds for ``group`` (None before its first batch)."""
-        opt = self.coordinator.getLocation(self._providers[group])
+        """Executor id the coordinator holds for ``group`` (None before its first batch):
+        the first store's (a group's stores are pinned together)."""
+        self._refresh()
+        opt = self.coordinator.getLocation(self._providers[0][group])
         parsed = parse_location(opt.get() if opt.isDefined() else None)
         return parsed[1] if parsed else None
 
@@ -76,9 +123,12 @@ class StateStoreCoordinatorView:
         return [self.location(g) for g in range(self.groups)]
 
     def pin(self, group: int, executor: str, host: str) -> None:
-        """Make ``executor`` the group's active instance: its next task prefers it."""
-        self.coordinator.reportActiveInstance(self._providers[group], host, executor,
-                                              self._empty_seq)
+        """Make ``executor`` the active instance of every store of ``group``: its next
+        tasks prefer it."""
+        self._refresh()
+        for providers in self._providers:
+            self.coordinator.reportActiveInstance(providers[group], host, executor,
+                                                  self._empty_seq)
 
 
 # ----------------------------------------------------------------------------- REST
@@ -233,10 +283,14 @@ def _rocksdb_snapshot(path: Path, sst_dir: Path) -> tuple[int, int | None]:
     return total, keys
 
 
-def group_state(checkpoint: Path | str, group: int, operator_id: int = 0) -> GroupState:
-    """Reload cost of ``group`` in the HDFS (``<v>.delta``/``<v>.snapshot``) or RocksDB
-    (``<v>.changelog``/``<v>.zip`` + ``SSTs/``) layout of a Spark 4 checkpoint."""
+def group_state(checkpoint: Path | str, group: int, operator_id: int = 0,
+                store: str = DEFAULT_STORE) -> GroupState:
+    """Reload cost of one store of ``group`` in the HDFS (``<v>.delta``/``<v>.snapshot``)
+    or RocksDB (``<v>.changelog``/``<v>.zip`` + ``SSTs/``) layout of a Spark 4
+    checkpoint."""
     directory = Path(checkpoint) / "state" / str(operator_id) / str(group)
+    if store != DEFAULT_STORE:
+        directory = directory / store
     deltas: dict[int, int] = {}
     snapshots: dict[int, tuple[int, int | None]] = {}
     try:
@@ -264,5 +318,9 @@ def group_state(checkpoint: Path | str, group: int, operator_id: int = 0) -> Gro
     return GroupState(group, latest, int(size), base, keys)
 
 
-def state_bytes(checkpoint: Path | str, groups: int, operator_id: int = 0) -> list[int]:
-    return [group_state(checkpoint, g, operator_id).bytes_to_load for g in range(groups)]
+def state_bytes(checkpoint: Path | str, groups: int) -> list[int]:
+    """Per key group, what reloading it reads: the sum over every stateful operator's
+    stores (a group moves whole)."""
+    stores = state_stores(checkpoint) or [(0, DEFAULT_STORE)]
+    return [sum(group_state(checkpoint, g, op, name).bytes_to_load for op, name in stores)
+            for g in range(groups)]
