@@ -14,9 +14,11 @@ class PipelineForm(forms.ModelForm):
     definition = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 24, "cols": 90, "spellcheck": "false",
                                      "class": "mono"}),
-        help_text="JSON: a generator source, stateless filter/map steps, exactly one "
-                  "keyed stateful operator (keyed_aggregate, or hft_window: the thesis' HFT "
-                  "kernel), and the latency sink.")
+        help_text="JSON. A chain: a generator source, stateless filter/map steps, exactly "
+                  "one keyed stateful operator (keyed_aggregate, or hft_window: the thesis' "
+                  "HFT kernel), and the latency sink. Or a dataflow: \"nodes\", each with "
+                  "an id and its input(s) — sources generator/nexmark, filter, project, "
+                  "keyed_aggregate, window_aggregate, window_top, join, one sink.")
 
     class Meta:
         model = Pipeline

@@ -22,6 +22,7 @@ from pipelines.forms import (
     WorkersForm,
 )
 from pipelines.models import Pipeline, Run
+from pipelines.runtime import definition as pdef
 from pipelines.runtime.definition import DEMO_DEFINITION
 
 
@@ -52,7 +53,17 @@ def pipeline_edit(request: HttpRequest, pk: int) -> HttpResponse:
         messages.success(request, f"Pipeline {pipeline.name} saved (v{pipeline.version}).")
         return redirect("pipeline-list")
     return render(request, "pipelines/pipeline_form.html",
-                  {"form": form, "pipeline": pipeline, "creating": False})
+                  {"form": form, "pipeline": pipeline, "creating": False,
+                   "dag": _picture(pipeline.definition)})
+
+
+def _picture(doc: Any) -> Any:
+    """The stored definition's DAG drawing (None if it no longer validates, e.g. a
+    data file was removed: the form then shows why)."""
+    try:
+        return pdef.picture(pdef.validate(doc))
+    except pdef.DefinitionError:
+        return None
 
 
 @login_required

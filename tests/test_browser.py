@@ -100,3 +100,44 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
     assert run.status == "stopped"
     assert run.samples.count() >= 3
     assert all(s.latency_p50_ms > 0 for s in run.samples.all()), "latency must be positive"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_dataflow_pipeline_page_draws_its_dag_and_refuses_an_unknown_input(
+        live_stack, operator, browser) -> None:
+    from pipelines.models import Pipeline
+    from pipelines.nexmark import queries
+
+    base = live_stack.base_url
+    log_in(browser, base, "operator", "op-pass-123")
+    q3 = queries.definition("Q3", 200)
+    browser.get(base + "/pipelines/new/")
+    browser.find_element(By.ID, "id_name").send_keys("nexmark-q3")
+    _set_textarea(browser, "id_definition", json.dumps(q3, indent=2))
+    browser.find_element(By.ID, "save-pipeline").click()
+    WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/pipelines/"))
+
+    pipeline = Pipeline.objects.get(name="nexmark-q3")
+    browser.get(f"{base}/pipelines/{pipeline.pk}/edit/")
+    nodes = WebDriverWait(browser, 20).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#pipeline-dag .dag-node"))
+    assert {n.get_attribute("data-node") for n in nodes} == \
+        {"events", "sellers", "auctions10", "joined", "suggest", "out"}
+    edges = {(e.get_attribute("data-from"), e.get_attribute("data-to"))
+             for e in browser.find_elements(By.CSS_SELECTOR, "#pipeline-dag .dag-edge")}
+    assert edges == {("events", "sellers"), ("events", "auctions10"), ("sellers", "joined"),
+                     ("auctions10", "joined"), ("joined", "suggest"), ("suggest", "out")}
+    stateful = browser.find_elements(By.CSS_SELECTOR, "#pipeline-dag .dag-node.stateful")
+    assert [n.get_attribute("data-node") for n in stateful] == ["joined"]
+    browser.save_screenshot(str(Path(live_stack.logs) / "pipeline-dag.png"))
+
+    broken = json.loads(json.dumps(q3))
+    join = next(n for n in broken["nodes"] if n["id"] == "joined")
+    join["left"] = "ghost"
+    _set_textarea(browser, "id_definition", json.dumps(broken, indent=2))
+    browser.find_element(By.ID, "save-pipeline").click()
+    error = WebDriverWait(browser, 20).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".error[data-field=definition]"))[0].text
+    assert "nodes[3] (joined).left" in error and "unknown node 'ghost'" in error
+    pipeline.refresh_from_db()
+    assert pipeline.definition["nodes"][3]["left"] == "sellers"  # nothing stored is lost

@@ -542,3 +542,91 @@ def validate_graph(nodes_doc: Any,
                          "query only in append mode: use a window_aggregate, or make it the "
                          "only stateful node")
     return graph
+
+
+# ------------------------------------------------------------------------ picture
+NODE_W, NODE_H, GAP_X, GAP_Y, MARGIN = 170, 46, 56, 22, 10
+
+
+@dataclass(frozen=True)
+class PictureNode:
+    id: str
+    type: str
+    label: str  # the operator's main parameter, shortened
+    x: int
+    y: int
+    stateful: bool
+
+
+@dataclass(frozen=True)
+class PictureEdge:
+    source: str
+    target: str
+    x1: int
+    y1: int
+    x2: int
+    y2: int
+
+
+@dataclass(frozen=True)
+class Picture:
+    """A layered drawing of a pipeline: columns by longest path from the source."""
+
+    nodes: tuple[PictureNode, ...]
+    edges: tuple[PictureEdge, ...]
+    width: int
+    height: int
+    node_w: int = NODE_W
+    node_h: int = NODE_H
+
+
+def node_label(node_type: str, params: dict[str, Any]) -> str:
+    if node_type == "filter":
+        text = str(params.get("where", ""))
+    elif node_type == "project":
+        text = ", ".join(params.get("columns", {}))
+    elif node_type in ("window_aggregate", "window_top"):
+        w = params.get("window", {})
+        size = w.get("size_s") or w.get("gap_s")
+        text = f"{w.get('kind', '')} {size}s" + (f"/{w['slide_s']}s" if "slide_s" in w else "")
+        text += f" by {params['by']}" if node_type == "window_top" else \
+            f" {', '.join(params.get('aggregates', {}))}"
+    elif node_type == "join":
+        on = " and ".join(f"{a}={b}" for a, b in params.get("on", []))
+        text = on + (" within" if "within" in params else " same window")
+    elif node_type == "keyed_aggregate":
+        text = f"by {', '.join(params.get('key', []))}"
+    elif node_type in SOURCE_TYPES:
+        rate = params.get("rate", {})
+        text = f"{rate.get('kind', '')} rate"
+    else:
+        text = "kept" if params.get("keep_output") else ""
+    return text if len(text) <= 26 else text[:25] + "…"
+
+
+def picture(nodes: list[tuple[str, str, str, tuple[str, ...]]]) -> Picture:
+    """Lay out ``(id, type, label, inputs)`` nodes, inputs listed before their users."""
+    layer: dict[str, int] = {}
+    for node_id, _type, _label, inputs in nodes:
+        layer[node_id] = 1 + max((layer[i] for i in inputs), default=-1)
+    rows: dict[int, int] = {}
+    placed: dict[str, PictureNode] = {}
+    for node_id, node_type, label, _inputs in nodes:
+        column = layer[node_id]
+        row = rows.get(column, 0)
+        rows[column] = row + 1
+        placed[node_id] = PictureNode(node_id, node_type, label,
+                                      MARGIN + column * (NODE_W + GAP_X),
+                                      MARGIN + row * (NODE_H + GAP_Y),
+                                      node_type in STATEFUL_TYPES)
+    edges = tuple(PictureEdge(i, node_id, placed[i].x + NODE_W, placed[i].y + NODE_H // 2,
+                              placed[node_id].x, placed[node_id].y + NODE_H // 2)
+                  for node_id, _t, _l, inputs in nodes for i in inputs)
+    width = MARGIN * 2 + (max(layer.values(), default=0) + 1) * (NODE_W + GAP_X) - GAP_X
+    height = MARGIN * 2 + max(rows.values(), default=1) * (NODE_H + GAP_Y) - GAP_Y
+    return Picture(tuple(placed.values()), edges, width, height)
+
+
+def graph_picture(graph: Graph) -> Picture:
+    return picture([(n.id, n.type, node_label(n.type, n.params), n.inputs)
+                    for n in graph.nodes])

@@ -441,6 +441,21 @@ def validate(doc: Any) -> PipelineSpec:
                         keep_output=keep_output, raw=clean)
 
 
+def picture(spec: PipelineSpec) -> dataflow.Picture:
+    """The pipeline as a DAG drawing: a dataflow pipeline's nodes, or a chain's source,
+    steps and sink in a row."""
+    if spec.graph is not None:
+        return dataflow.graph_picture(spec.graph)
+    nodes = [("source", "generator", f"{spec.rate['kind']} rate", ())]
+    for i, op in enumerate(spec.operators):
+        label = {"filter": f"{op.field} {op.op} {op.value:g}", "map": f"{op.fn} {op.field}",
+                 "keyed_aggregate": f"{op.agg} by {op.key}",
+                 "hft_window": f"|W| {op.window}, slide {op.slide}"}[op.type]
+        nodes.append((f"op{i}", op.type, label, (nodes[-1][0],)))
+    nodes.append(("sink", "sink", "kept" if spec.keep_output else "latency", (nodes[-1][0],)))
+    return dataflow.picture(nodes)
+
+
 def parse(text: str) -> PipelineSpec:
     """Parse JSON text and validate it; JSON syntax errors name line and column."""
     try:

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 from control.models import Policy
 from pipelines import actions
 from pipelines.models import Pipeline
+from pipelines.nexmark import queries as nexmark_queries
 from pipelines.runtime import calibration
 from pipelines.runtime.definition import DEMO_DEFINITION, ELASTIC_DEFINITION, HFT_DEFINITION
 
@@ -21,6 +22,9 @@ ELASTIC_POLICY = "demo-elastic"
 # Rate cycles in the demo pipeline (low, high, low), so that a run started at any time
 # shows a scale-up and a scale-down within its first cycle.
 DEMO_CYCLES, DEMO_REST_S = 6, 120
+
+
+NEXMARK_RATE = 500  # events/s: well within one 1-core executor here
 
 
 def seed_elastic_demo(user: Any, cal: calibration.Calibration) -> tuple[Pipeline, Policy]:
@@ -82,6 +86,14 @@ class Command(BaseCommand):
                 description="The thesis' HFT kernel (§7.1): per-symbol count window |W| = 1000, "
                             "slide 25, 1 ms bucket averages and a quadratic fit, on the "
                             "artifact's random-walk rate scaled 1:100."), user)
+        for query, model in nexmark_queries.QUERIES.items():
+            name = f"NEXMark {query}"
+            if not Pipeline.objects.filter(name=name).exists():
+                actions.save_pipeline(Pipeline(
+                    name=name, definition=nexmark_queries.definition(query, NEXMARK_RATE),
+                    description=(model.__doc__ or "").strip().splitlines()[0]
+                    + f" Beam's NEXMark events at {NEXMARK_RATE} events/s; the verifier "
+                      "checks the kept output against the reference."), user)
         Policy.objects.get_or_create(name=DEMO_POLICY, defaults={
             "description": "p95 under 5 s on 1-2 workers; manual control",
             "latency_bound_ms": 5000, "throughput_floor_rps": 1000, "power_budget_w": 40,
