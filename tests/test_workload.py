@@ -92,3 +92,29 @@ def test_reader_partitions_cover_the_offsets_and_replay_identically() -> None:
     again = [batch for p in parts for batch in reader.read(p)]
     first = [batch for p in parts for batch in reader.read(p)]
     assert all(a.equals(b) for a, b in zip(again, first))
+
+
+def test_readers_of_one_source_agree_on_every_batch_end(tmp_path) -> None:
+    """Two readers of the same source (a self-joined dataflow) asked at different
+    instants plan the same ends: the first to plan a batch decides it."""
+    import time
+
+    from pipelines.runtime import definition, source
+    from pipelines.runtime.source import ReadMaxRows
+
+    spec = definition.validate({
+        "source": {"seed": 5, "rate": {"kind": "constant", "records_per_s": 10_000},
+                   "keys": {"kind": "uniform", "n": 10}},
+        "operators": [{"type": "keyed_aggregate"}]})
+    options = source.source_options(spec, t0=time.time() - 5, plan_dir=tmp_path / "plan")
+    first, second = source.GeneratorStreamReader(options), source.GeneratorStreamReader(options)
+    start, begins = {"offset": 0}, []
+    for _ in range(3):
+        a = first.latestOffset(start, ReadMaxRows(10**9))
+        time.sleep(0.05)  # the clock moved: alone, the second reader would plan more
+        b = second.latestOffset(start, ReadMaxRows(10**9))
+        assert a == b and a["offset"] > start["offset"]
+        begins.append(start["offset"])
+        start = a
+    # Batches before the one planned last are forgotten.
+    assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == [str(begins[-1])]

@@ -7,13 +7,18 @@ every 5 s), epoch-aligned like Beam's; the watermark trails the largest event ti
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from pipelines.nexmark import generator as gen
 from pipelines.nexmark import reference as ref
 
 WINDOW = {"kind": "tumbling", "size_s": ref.WINDOW_S}
 SLIDING = {"kind": "sliding", "size_s": ref.WINDOW_S, "slide_s": ref.PERIOD_S}
 BID_COLUMNS = ("auction", "bidder", "price", "dateTime", "extra")
+# Events until numInFlightAuctions more auctions (Beam's auction length horizon).
+IN_FLIGHT_EVENTS = (gen.NexmarkConfig().num_in_flight_auctions * gen.PROPORTION_DENOMINATOR
+                    // gen.AUCTION_PROPORTION)
 
 
 def _source(rate: float, partitions: int) -> dict[str, Any]:
@@ -77,6 +82,37 @@ def q3(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
                          "id": "right_id"}}]
 
 
+def q4(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q4 'Average price for a category': Beam's WinningBids, then the mean winning price
+    per category over sliding windows of the auctions' closing times.
+
+    WinningBids in Spark's vocabulary: an auction is re-stamped with its closing time
+    (``expires``) as event time; a bid joins it when it falls in the auction's lifetime
+    (the join keeps state for the longest auction the generator makes: twice the time
+    of ``numInFlightAuctions`` auctions at this rate), at or above the reserve; the
+    highest such price per auction is final once the watermark passes the second that
+    holds ``expires``. The means then run over sliding windows of those winners."""
+    longest_s = math.ceil(2 * IN_FLIGHT_EVENTS / rate) + 1
+    return [_source(rate, partitions),
+            {"id": "auctions", "type": "filter", "input": "events", "where": "type == 'auction'"},
+            {"id": "closing", "type": "project", "input": "auctions", "event_time": "expires",
+             "columns": {"id": "id", "category": "category", "reserve": "reserve",
+                         "dateTime": "dateTime", "expires": "expires"}},
+            _bids(),
+            {"id": "offers", "type": "join", "left": "closing", "right": "bids",
+             "on": [["id", "auction"]], "within": {"lower_s": -longest_s, "upper_s": 0}},
+            {"id": "valid", "type": "filter", "input": "offers",
+             "where": "right_dateTime >= dateTime and right_dateTime < expires "
+                      "and price >= reserve"},
+            {"id": "winners", "type": "window_aggregate", "input": "valid",
+             "key": ["id", "category"], "window": {"kind": "tumbling", "size_s": 1},
+             "aggregates": {"price": ["max", "price"]}},
+            {"id": "means", "type": "window_aggregate", "input": "winners",
+             "key": ["category"], "window": SLIDING, "aggregates": {"mean": ["mean", "price"]}},
+            {"id": "rounded", "type": "project", "input": "means",
+             "columns": {"category": "category", "price": "(mean + 0.5) // 1"}}]
+
+
 def q5(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
     """Q5 'Hot items': per sliding window, the auctions with the most bids."""
     return [_source(rate, partitions), _bids(),
@@ -105,11 +141,12 @@ def q8(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
              "columns": {"id": "id", "name": "name", "reserve": "right_reserve"}}]
 
 
-QUERIES = {"Q0": q0, "Q1": q1, "Q2": q2, "Q3": q3, "Q5": q5, "Q7": q7, "Q8": q8}
+QUERIES = {"Q0": q0, "Q1": q1, "Q2": q2, "Q3": q3, "Q4": q4, "Q5": q5, "Q7": q7, "Q8": q8}
 # The columns of each query's result rows that the reference lists.
 RESULT_COLUMNS = {
     "Q0": None, "Q1": BID_COLUMNS, "Q2": ("auction", "price"),
-    "Q3": ("name", "city", "state", "id"), "Q5": ("auction", "num", "windowStart"),
+    "Q3": ("name", "city", "state", "id"), "Q4": ("category", "price", "windowStart"),
+    "Q5": ("auction", "num", "windowStart"),
     "Q7": (*BID_COLUMNS, "windowStart"), "Q8": ("id", "name", "reserve", "windowStart"),
 }
 

@@ -326,7 +326,9 @@ def _filter(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[st
 
 
 def _project(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
-    _allowed(doc, path, {"id", "type", "input", "columns"})
+    """Computed columns; ``event_time`` (optional, an expression in epoch ms) re-stamps
+    the rows' event time, e.g. an auction's to its closing time ``expires``."""
+    _allowed(doc, path, {"id", "type", "input", "columns", "event_time"})
     raw = doc.get("columns")
     if not isinstance(raw, dict) or not raw:
         raise GraphError(f"{path}.columns", "must be an object {output column: expression}")
@@ -340,10 +342,20 @@ def _project(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[s
             raise GraphError(where, f"{name} is carried from the source; it cannot be set")
         out[name] = expression_type(parse_expression(expr, src, where), src)
     for name, kind in TIME_COLUMNS.items():  # latency and event time ride along
-        out[name] = kind
+        if name in src:
+            out[name] = kind
     if "windowStart" in src and "windowStart" not in out:
         out["windowStart"] = "long"
-    return {"columns": dict(raw)}, out
+    params: dict[str, Any] = {"columns": dict(raw)}
+    if "event_time" in doc:
+        where = f"{path}.event_time"
+        if src.get("window") == "window":
+            raise GraphError(where, "a window's results keep their window as event time")
+        tree = parse_expression(doc["event_time"], src, where)
+        if expression_type(tree, src) not in ("long", "double"):
+            raise GraphError(where, "must be a number: the event time in epoch ms")
+        params["event_time"] = doc["event_time"]
+    return params, out
 
 
 def _keyed_aggregate(doc: dict[str, Any], path: str,
@@ -361,16 +373,19 @@ def _window_aggregate(doc: dict[str, Any], path: str,
                       inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
     _allowed(doc, path, {"id", "type", "input", "key", "window", "aggregates"})
     src = inputs[0].columns
-    if "event_time" not in src or src.get("window") == "window":
-        raise GraphError(f"{path}.input", "a window needs rows with their event time "
-                                          "(not the output of another window)")
+    chained = src.get("window") == "window"
+    if "event_time" not in src and not chained:
+        raise GraphError(f"{path}.input", "a window needs rows with an event time")
     key = _columns_list(doc, "key", path, src, default=[])
     window = _window(doc.get("window"), f"{path}.window")
+    if chained and window.kind == "session":
+        raise GraphError(f"{path}.window.kind", "a window over another window's results "
+                                                "takes tumbling or sliding windows")
     aggs = _aggregates(doc, path, src)
     cols: Columns = {k: src[k] for k in key}
     cols.update({n: ("long" if f in ("count",) else "double") for n, (f, _c) in aggs.items()})
     cols.update(windowStart="long", window="window", emit_ts="double")
-    return {"key": key, "window": window.as_dict(),
+    return {"key": key, "window": window.as_dict(), "chained": chained,
             "aggregates": {n: list(v) for n, v in aggs.items()}}, cols
 
 

@@ -8,7 +8,10 @@ Each node becomes DataFrame operations on its inputs' DataFrames:
   expression trees — no Python crossing;
 * ``window_aggregate`` groups by ``window(event_time, size, slide)`` (or
   ``session_window``) and the keys; the result carries ``windowStart`` (epoch ms) and
-  the window, whose end is the event time downstream operators see;
+  the window, whose end is the event time downstream operators see (a window over
+  another window's results groups them by that instant, ``window_time``);
+* ``project`` with ``event_time`` re-stamps the rows' event time (its own watermark;
+  Spark keeps the minimum of a query's watermarks);
 * ``window_top`` keeps, per window, every row at the highest ``by``: a second
   aggregation that collects the window's rows and keeps those at the maximum. Behind a
   ``window_aggregate`` it regroups that operator's windows one to one by the
@@ -188,14 +191,22 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
         elif node.type == "project":
             exprs = [_expr(e, inputs[0].columns).alias(n) for n, e in p["columns"].items()]
             carried = [c for c in node.columns if c not in p["columns"]]
+            if "event_time" in p:  # re-stamped: a watermark of its own (the min rules)
+                carried.remove("event_time")
+                exprs.append(F.timestamp_millis(_expr(p["event_time"], inputs[0].columns)
+                                                .cast("long")).alias("event_time"))
             df = ins[0].select(*exprs, *[F.col(c) for c in carried])
+            if "event_time" in p:
+                df = df.withWatermark("event_time", f"{spec.watermark_s} seconds")
         elif node.type == "keyed_aggregate":
             aggs = [_aggregate(n, f, c) for n, (f, c) in p["aggregates"].items()]
             df = ins[0].groupBy(*p["key"]).agg(*aggs)
         elif node.type == "window_aggregate":
             aggs = [_aggregate(n, f, c) for n, (f, c) in p["aggregates"].items()]
-            df = (ins[0].groupBy(_window_column(p["window"], F.col("event_time"))
-                                 .alias("window"), *p["key"])
+            # Over another window's results: each row at its window's last instant.
+            time_col = F.window_time("window") if p.get("chained") else F.col("event_time")
+            df = (ins[0].groupBy(_window_column(p["window"], time_col).alias("window"),
+                                 *p["key"])
                   .agg(*aggs, F.max("emit_ts").alias("emit_ts"))
                   .withColumn("windowStart", _window_start_ms(F.col("window"))))
         elif node.type == "window_top":
