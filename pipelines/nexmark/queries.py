@@ -101,12 +101,16 @@ def q4(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
             _bids(),
             {"id": "offers", "type": "join", "left": "closing", "right": "bids",
              "on": [["id", "auction"]], "within": {"lower_s": -longest_s, "upper_s": 0}},
-            {"id": "valid", "type": "filter", "input": "offers",
-             "where": "right_dateTime >= dateTime and right_dateTime < expires "
-                      "and price >= reserve"},
-            {"id": "winners", "type": "window_aggregate", "input": "valid",
+            # A projection, not a filter: Spark would push a filter over both sides
+            # into the join condition, whose watermark analysis cannot evaluate it.
+            {"id": "valid", "type": "project", "input": "offers",
+             "columns": {"id": "id", "category": "category",
+                         "offer": "price if right_dateTime >= dateTime and right_dateTime "
+                                  "< expires and price >= reserve else None"}},
+            {"id": "best", "type": "window_aggregate", "input": "valid",
              "key": ["id", "category"], "window": {"kind": "tumbling", "size_s": 1},
-             "aggregates": {"price": ["max", "price"]}},
+             "aggregates": {"price": ["max", "offer"]}},
+            {"id": "winners", "type": "filter", "input": "best", "where": "price is not None"},
             {"id": "means", "type": "window_aggregate", "input": "winners",
              "key": ["category"], "window": SLIDING, "aggregates": {"mean": ["mean", "price"]}},
             {"id": "rounded", "type": "project", "input": "means",

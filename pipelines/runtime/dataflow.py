@@ -21,7 +21,8 @@ ties kept) and ``join`` (stream–stream inner join on keys, bounded in event ti
 interval or by a common tumbling window); one ``sink``.
 
 Expressions are Python-syntax formulas over the input's columns — arithmetic
-(``+ - * / // %``), comparisons, ``and``/``or``/``not``, ``in (…)`` over literals —
+(``+ - * / // %``), comparisons, ``and``/``or``/``not``, ``in (…)`` over literals,
+``a if cond else b`` (``None``: null), ``x is None`` / ``x is not None`` —
 parsed here with :mod:`ast` and compiled to Spark columns (``dataflow_spark.py``); no
 function call or attribute is accepted, so a definition cannot reach Spark's SQL
 functions that call into the JVM.
@@ -135,6 +136,29 @@ class Graph:
     def edges(self) -> list[tuple[str, str]]:
         return [(i, n.id) for n in self.nodes for i in n.inputs]
 
+    def output_lag_ms(self) -> int:
+        """How far the sink's results may trail the query's watermark: a stateful
+        operator feeding another passes on a watermark held back by what it may still
+        emit (a join by its time range, a window by its length). An upper bound, so a
+        check of the results behind ``watermark - lag`` only sees final ones."""
+        feeding: set[str] = set()
+        for node in self.nodes:
+            if node.stateful:
+                stack = list(node.inputs)
+                while stack:
+                    upstream = self.node(stack.pop())
+                    if upstream.stateful:
+                        feeding.add(upstream.id)
+                    stack.extend(upstream.inputs)
+        lag_s = 0
+        for node_id in feeding:
+            p = self.node(node_id).params
+            if "within" in p:
+                lag_s += p["within"]["upper_s"] - p["within"]["lower_s"]
+            elif "window" in p:
+                lag_s += p["window"].get("size_s") or p["window"].get("gap_s", 0)
+        return lag_s * 1000
+
 
 # ------------------------------------------------------------------- expressions
 _BINARY = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//",
@@ -163,6 +187,10 @@ def _literal(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool))
 
 
+def _none(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
 def _check(node: ast.expr, columns: Columns, path: str) -> None:
     if isinstance(node, ast.Name):
         if node.id not in columns:
@@ -178,6 +206,16 @@ def _check(node: ast.expr, columns: Columns, path: str) -> None:
     elif isinstance(node, ast.BoolOp):
         for value in node.values:
             _check(value, columns, path)
+    elif isinstance(node, ast.IfExp):  # a if cond else b (b may be None: null)
+        _check(node.test, columns, path)
+        for branch in (node.body, node.orelse):
+            if not _none(branch):
+                _check(branch, columns, path)
+    elif isinstance(node, ast.Compare) and len(node.ops) == 1 \
+            and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
+        if not _none(node.comparators[0]):
+            raise GraphError(path, "'is' compares with None only (x is None, x is not None)")
+        _check(node.left, columns, path)
     elif isinstance(node, ast.Compare) and len(node.ops) == 1 \
             and type(node.ops[0]) in _COMPARE:
         _check(node.left, columns, path)
@@ -210,6 +248,9 @@ def expression_type(node: ast.expr, columns: Columns) -> str:
         return "boolean"
     if isinstance(node, ast.UnaryOp):
         return expression_type(node.operand, columns)
+    if isinstance(node, ast.IfExp):
+        branch = node.orelse if _none(node.body) else node.body
+        return "long" if _none(branch) else expression_type(branch, columns)
     if isinstance(node, ast.BinOp):
         if isinstance(node.op, ast.Div):
             return "double"
@@ -550,6 +591,16 @@ def validate_graph(nodes_doc: Any,
     if unused:
         raise GraphError(path_of(unused[0]), "does not lead to the sink")
     graph = Graph(tuple(order))
+    for node in graph.nodes:
+        if node.type == "project" and "event_time" in node.params:
+            above = list(node.inputs)
+            while above:
+                upstream = graph.node(above.pop())
+                if upstream.stateful:
+                    raise GraphError(f"{node.path}.event_time", "re-stamps the event time "
+                                     f"below the stateful {upstream.id}: Spark keeps the "
+                                     "watermark an operator's results carry")
+                above.extend(upstream.inputs)
     keyed = [n for n in graph.stateful if n.type == "keyed_aggregate"]
     if keyed and len(graph.stateful) > 1:
         raise GraphError(f"{keyed[0].path}.type", "a keyed_aggregate without a window runs "

@@ -3,15 +3,17 @@
 Each node becomes DataFrame operations on its inputs' DataFrames:
 
 * the source reads its micro-batch once per use; the latency observation (see
-  ``query.py``) and the event-time watermark (``watermark_s``) sit right behind it;
+  ``query.py``) sits right behind it; the event-time watermark (``watermark_s``) sits
+  in front of each stateful operator's raw inputs (below every filter and re-stamp of
+  the branch: Spark refuses a watermark below another; the query's is the minimum);
 * ``filter``/``project`` are Spark column expressions compiled from the checked
   expression trees — no Python crossing;
 * ``window_aggregate`` groups by ``window(event_time, size, slide)`` (or
   ``session_window``) and the keys; the result carries ``windowStart`` (epoch ms) and
   the window, whose end is the event time downstream operators see (a window over
   another window's results groups them by that instant, ``window_time``);
-* ``project`` with ``event_time`` re-stamps the rows' event time (its own watermark;
-  Spark keeps the minimum of a query's watermarks);
+* ``project`` with ``event_time`` re-stamps the rows' event time (before any stateful
+  operator of its branch);
 * ``window_top`` keeps, per window, every row at the highest ``by``: a second
   aggregation that collects the window's rows and keeps those at the maximum. Behind a
   ``window_aggregate`` it regroups that operator's windows one to one by the
@@ -54,6 +56,8 @@ def column(node: ast.expr) -> Column:
         return F.col(node.id)
     if isinstance(node, ast.Constant):
         return F.lit(node.value)
+    if isinstance(node, ast.IfExp):
+        return F.when(column(node.test), column(node.body)).otherwise(column(node.orelse))
     if isinstance(node, ast.BinOp):
         return _BINARY[type(node.op)](column(node.left), column(node.right))
     if isinstance(node, ast.UnaryOp):
@@ -66,6 +70,8 @@ def column(node: ast.expr) -> Column:
         return out
     assert isinstance(node, ast.Compare)
     op, left, right = node.ops[0], column(node.left), node.comparators[0]
+    if isinstance(op, (ast.Is, ast.IsNot)):  # with None: checked
+        return left.isNull() if isinstance(op, ast.Is) else left.isNotNull()
     if isinstance(op, (ast.In, ast.NotIn)):
         values = [e.value for e in right.elts]  # type: ignore[attr-defined]
         return left.isin(values) if isinstance(op, ast.In) else ~left.isin(values)
@@ -119,7 +125,7 @@ def _source(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
         F.min("emit_ts").alias("first_emit"),
         F.percentile_approx("emit_ts", [0.01, 0.05, 0.5], PERCENTILE_ACCURACY).alias("q"),
     )
-    return df.withWatermark("event_time", f"{spec.watermark_s} seconds")
+    return df
 
 
 def _window_top(df: DataFrame, node: dataflow.Node, inputs: list[dataflow.Node]) -> DataFrame:
@@ -180,10 +186,21 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
     if plan_dir is None:
         plan_dir = Path(tempfile.mkdtemp(prefix="streamwise-plan-"))
     frames: dict[str, DataFrame] = {}
+    watermarked: set[str] = set()  # nodes whose output carries a watermark already
     for node in graph.nodes:
         inputs = [graph.node(i) for i in node.inputs]
         ins = [frames[i] for i in node.inputs]
         p = node.params
+        if node.stateful:
+            # Each stateful operator's raw inputs get their watermark here, behind every
+            # filter and re-stamp of their branch: Spark refuses a watermark defined
+            # below another one, and keeps the minimum of a query's watermarks.
+            ins = [df_ if node_id in watermarked else
+                   df_.withWatermark("event_time", f"{spec.watermark_s} seconds")
+                   for node_id, df_ in zip(node.inputs, ins, strict=True)]
+            watermarked.add(node.id)
+        elif node.inputs and all(i in watermarked for i in node.inputs):
+            watermarked.add(node.id)
         if node.type in dataflow.SOURCE_TYPES:
             df = _source(spark, spec, t0, plan_dir)
         elif node.type == "filter":
@@ -191,13 +208,11 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
         elif node.type == "project":
             exprs = [_expr(e, inputs[0].columns).alias(n) for n, e in p["columns"].items()]
             carried = [c for c in node.columns if c not in p["columns"]]
-            if "event_time" in p:  # re-stamped: a watermark of its own (the min rules)
+            if "event_time" in p:  # re-stamped (validation: no stateful node above)
                 carried.remove("event_time")
                 exprs.append(F.timestamp_millis(_expr(p["event_time"], inputs[0].columns)
                                                 .cast("long")).alias("event_time"))
             df = ins[0].select(*exprs, *[F.col(c) for c in carried])
-            if "event_time" in p:
-                df = df.withWatermark("event_time", f"{spec.watermark_s} seconds")
         elif node.type == "keyed_aggregate":
             aggs = [_aggregate(n, f, c) for n, (f, c) in p["aggregates"].items()]
             df = ins[0].groupBy(*p["key"]).agg(*aggs)
