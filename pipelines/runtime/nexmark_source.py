@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import (
     DoubleType,
     LongType,
@@ -33,7 +33,12 @@ from pyspark.sql.types import (
 
 from pipelines.nexmark import generator as gen
 from pipelines.runtime import dataflow, definition
-from pipelines.runtime.source import CHUNK_ROWS, GeneratorStreamReader, RangePartition
+from pipelines.runtime.source import (
+    CHUNK_ROWS,
+    GeneratorDataSource,
+    GeneratorStreamReader,
+    RangePartition,
+)
 
 SOURCE_NAME = "streamwise_nexmark"
 _SPARK = {"long": LongType(), "double": DoubleType(), "string": StringType(),
@@ -89,13 +94,7 @@ class NexmarkStreamReader(GeneratorStreamReader):
             yield to_arrow(a, events, emit)
 
 
-class NexmarkDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return SOURCE_NAME
-
-    def schema(self) -> StructType:
-        return SCHEMA
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return NexmarkStreamReader(self.options)
+class NexmarkDataSource(GeneratorDataSource):
+    source_name = SOURCE_NAME
+    source_schema = SCHEMA
+    reader = NexmarkStreamReader

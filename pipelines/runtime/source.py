@@ -143,15 +143,21 @@ class GeneratorStreamReader(DataSourceStreamReader):
 
 
 class GeneratorDataSource(DataSource):
+    """The record generator; a subclass names another reader (``nexmark_source``)."""
+
+    source_name = SOURCE_NAME
+    source_schema = SCHEMA
+    reader: type[GeneratorStreamReader] = GeneratorStreamReader
+
     @classmethod
     def name(cls) -> str:
-        return SOURCE_NAME
+        return cls.source_name
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return self.source_schema
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return GeneratorStreamReader(self.options)
+        return self.reader(self.options)
 
 
 def source_options(spec: definition.PipelineSpec, t0: float,
