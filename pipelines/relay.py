@@ -67,6 +67,15 @@ def describe(kind: str, e: dict[str, Any]) -> str:
     return e.get("reason") or ", ".join(f"{k}={v}" for k, v in e.items())
 
 
+def _run_holds(bus_key: str) -> bool:
+    """Whether the database has the run this bus key belongs to (same id and token)."""
+    try:
+        run = Run.objects.get(pk=busmod.run_id_of(bus_key))
+    except (Run.DoesNotExist, ValueError):
+        return False
+    return run.bus_key == bus_key
+
+
 def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> bool:
     """Record a runner event and apply it to the run; True when the run has ended."""
     run = Run.objects.get(pk=run_id)
@@ -106,12 +115,20 @@ class Relay:
         self.layer = get_channel_layer()
         self.cursors: dict[str, str] = {}
         self.forwarded = 0
+        self.known: set[str] = set()  # bus keys whose run the database holds
 
     async def step(self, block_ms: int = 500) -> int:
         """One XREAD round over all live runs; returns the entries handled."""
         live = await self.redis.smembers(busmod.LIVE_SET)
+        for bus_key in [k for k in live if k not in self.known]:
+            if await database_sync_to_async(_run_holds)(bus_key):
+                self.known.add(bus_key)
+            else:  # e.g. left by a database that was reset: nothing to record it in
+                log.warning("forgetting live bus key %s: no such run", bus_key)
+                await self.redis.srem(busmod.LIVE_SET, bus_key)
+        self.known &= live
         streams: dict[str, str] = {}
-        for bus_key in live:
+        for bus_key in live & self.known:
             for key in (busmod.metrics_key(bus_key), busmod.events_key(bus_key)):
                 streams[key] = self.cursors.get(key, "0-0")
         for key in [k for k in self.cursors if k not in streams]:

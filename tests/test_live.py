@@ -257,3 +257,35 @@ def test_views_require_login_and_start_then_stop_a_run(live_stack, operator) -> 
     kinds = list(run.events.values_list("kind", flat=True))
     assert kinds[:3] == ["created", "status:starting", "runner_launched"]
     assert "stop_requested" in kinds and "status:stopping" in kinds
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_relay_forgets_a_live_bus_key_whose_run_the_database_does_not_hold(operator) -> None:
+    """A bus key left in ``runs:live`` by a run the database no longer holds (a reset
+    database, a killed test run) is dropped; the real run's events are still recorded."""
+    from pipelines.models import Run
+    from pipelines.relay import Relay
+    from pipelines.runtime import bus as busmod
+
+    run = _new_run(operator)
+    client = busmod.connect(settings.REDIS_URL)
+    stale = busmod.RunBus(client, busmod.bus_key(run.pk + 1000, "gone"))
+    wrong_token = busmod.RunBus(client, busmod.bus_key(run.pk, "other"))
+    real = busmod.RunBus(client, run.bus_key)
+    try:
+        for bus in (stale, wrong_token, real):
+            bus.reset()
+            bus.mark_live()
+            bus.publish_event(busmod.RunnerEvent.STOPPED, reason="test over")
+
+        async def relay_once() -> None:
+            await Relay().step(block_ms=500)
+
+        asyncio.run(relay_once())
+        live = client.smembers(busmod.LIVE_SET)
+        assert stale.key not in live and wrong_token.key not in live
+        assert Run.objects.get(pk=run.pk).status == "stopped"
+    finally:
+        for bus in (stale, wrong_token, real):
+            bus.mark_done()
+            bus.reset()
