@@ -128,7 +128,7 @@ class Relay:
                 await self.redis.srem(busmod.LIVE_SET, bus_key)
         self.known &= live
         streams: dict[str, str] = {}
-        for bus_key in live & self.known:
+        for bus_key in self.known:
             for key in (busmod.metrics_key(bus_key), busmod.events_key(bus_key)):
                 streams[key] = self.cursors.get(key, "0-0")
         for key in [k for k in self.cursors if k not in streams]:

@@ -27,7 +27,7 @@ Field names are Beam's; times are epoch milliseconds.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pipelines.nexmark.javarandom import JavaRandom, java_rem, java_round
@@ -56,11 +56,6 @@ LAST_NAMES = ("Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smit
               "Noris")
 
 EventType = Literal["person", "auction", "bid"]
-PERSON_FIELDS = ("id", "name", "emailAddress", "creditCard", "city", "state", "dateTime",
-                 "extra")
-AUCTION_FIELDS = ("id", "itemName", "description", "initialBid", "reserve", "dateTime",
-                  "expires", "seller", "category", "extra")
-BID_FIELDS = ("auction", "bidder", "price", "dateTime", "extra")
 
 
 def rate_to_period_us(rate: int, unit_us: int = 1_000_000) -> int:
@@ -139,9 +134,6 @@ class NexmarkConfig:
         return cls(first_event_rate=events_per_s, next_event_rate=events_per_s,
                    num_event_generators=1, **overrides)
 
-    def with_base_time(self, base_time_ms: int) -> NexmarkConfig:
-        return replace(self, base_time_ms=base_time_ms)
-
     # ------------------------------------------------------------ event numbers
     def event_number(self, count: int) -> int:
         """The number of the ``count``-th event this generator makes."""
@@ -153,10 +145,6 @@ class NexmarkConfig:
         n = self.out_of_order_group_size
         number = self.event_number(count)
         return (number // n) * n + (number * 953) % n
-
-    def watermark_event_number(self, count: int) -> int:
-        n = self.out_of_order_group_size
-        return (self.event_number(count) // n) * n
 
     def event_id(self, count: int) -> int:
         return self.first_event_id + self.adjusted_event_number(count)
@@ -367,8 +355,3 @@ def events(n: int, config: NexmarkConfig = BEAM_DEFAULT,
            start: int = 0) -> list[dict[str, Any]]:
     """Events ``start`` .. ``start + n - 1``."""
     return [event(count, config) for count in range(start, start + n)]
-
-
-def watermark_ms(count: int, config: NexmarkConfig = BEAM_DEFAULT) -> int:
-    """The least event time of this and every later event (Beam's generator watermark)."""
-    return config.timestamp_ms(config.watermark_event_number(count))

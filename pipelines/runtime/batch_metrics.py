@@ -87,7 +87,8 @@ class BatchMetrics:
     def on_progress(self, progress: Any) -> MetricsRecord | None:
         """From the listener: join Spark's progress with the sink's commit and queue
         the record for the monitor thread (the listener must stay cheap)."""
-        from pipelines.runtime.query import OBSERVATION, latency_quantiles
+        from pipelines.runtime.query import latency_quantiles
+        from pipelines.runtime.source import OBSERVATION
 
         commit = self.commits.pop(progress.batchId, None)
         if commit is None:

@@ -136,20 +136,24 @@ class Graph:
     def edges(self) -> list[tuple[str, str]]:
         return [(i, n.id) for n in self.nodes for i in n.inputs]
 
+    def ancestors(self, node_id: str) -> list[Node]:
+        """Every node ``node_id`` reads from, directly or not."""
+        seen: dict[str, Node] = {}
+        stack = list(self.node(node_id).inputs)
+        while stack:
+            upstream = self.node(stack.pop())
+            if upstream.id not in seen:
+                seen[upstream.id] = upstream
+                stack.extend(upstream.inputs)
+        return list(seen.values())
+
     def output_lag_ms(self) -> int:
         """How far the sink's results may trail the query's watermark: a stateful
         operator feeding another passes on a watermark held back by what it may still
         emit (a join by its time range, a window by its length). An upper bound, so a
         check of the results behind ``watermark - lag`` only sees final ones."""
-        feeding: set[str] = set()
-        for node in self.nodes:
-            if node.stateful:
-                stack = list(node.inputs)
-                while stack:
-                    upstream = self.node(stack.pop())
-                    if upstream.stateful:
-                        feeding.add(upstream.id)
-                    stack.extend(upstream.inputs)
+        feeding = {a.id for node in self.stateful for a in self.ancestors(node.id)
+                   if a.stateful}
         lag_s = 0
         for node_id in feeding:
             p = self.node(node_id).params
@@ -593,14 +597,11 @@ def validate_graph(nodes_doc: Any,
     graph = Graph(tuple(order))
     for node in graph.nodes:
         if node.type == "project" and "event_time" in node.params:
-            above = list(node.inputs)
-            while above:
-                upstream = graph.node(above.pop())
+            for upstream in graph.ancestors(node.id):
                 if upstream.stateful:
                     raise GraphError(f"{node.path}.event_time", "re-stamps the event time "
                                      f"below the stateful {upstream.id}: Spark keeps the "
                                      "watermark an operator's results carry")
-                above.extend(upstream.inputs)
     keyed = [n for n in graph.stateful if n.type == "keyed_aggregate"]
     if keyed and len(graph.stateful) > 1:
         raise GraphError(f"{keyed[0].path}.type", "a keyed_aggregate without a window runs "

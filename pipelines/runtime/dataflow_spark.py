@@ -37,9 +37,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.runtime import dataflow, definition
-
-OBSERVATION = "sw_latency"  # the same observation query.py reads per batch
-PERCENTILE_ACCURACY = 10_000
+from pipelines.runtime.source import GeneratorDataSource, observe_latency, read_stream
 
 _BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
            ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b,
@@ -104,28 +102,14 @@ def _window_start_ms(window: Column) -> Column:
 
 def _source(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
             plan_dir: Path) -> DataFrame:
-    from pipelines.runtime.source import source_options
-
     if spec.source_type == "nexmark":
-        from pipelines.runtime.nexmark_source import SCHEMA, SOURCE_NAME, NexmarkDataSource
+        from pipelines.runtime.nexmark_source import NexmarkDataSource
 
-        spark.dataSource.register(NexmarkDataSource)
-        df = (spark.readStream.format(SOURCE_NAME).schema(SCHEMA)
-              .options(**source_options(spec, t0, plan_dir)).load())
+        df = read_stream(spark, NexmarkDataSource, spec, t0, plan_dir)
     else:
-        from pipelines.runtime.source import SCHEMA, SOURCE_NAME, GeneratorDataSource
-
-        spark.dataSource.register(GeneratorDataSource)
-        df = (spark.readStream.format(SOURCE_NAME).schema(SCHEMA)
-              .options(**source_options(spec, t0, plan_dir)).load()
+        df = (read_stream(spark, GeneratorDataSource, spec, t0, plan_dir)
               .withColumn("event_time", F.timestamp_seconds("emit_ts")))
-    df = df.observe(
-        OBSERVATION,
-        F.count(F.lit(1)).alias("records"),
-        F.min("emit_ts").alias("first_emit"),
-        F.percentile_approx("emit_ts", [0.01, 0.05, 0.5], PERCENTILE_ACCURACY).alias("q"),
-    )
-    return df
+    return observe_latency(df)
 
 
 def _window_top(df: DataFrame, node: dataflow.Node, inputs: list[dataflow.Node]) -> DataFrame:

@@ -308,6 +308,38 @@ def _validate_operator(op: Any, path: str) -> OperatorSpec:
                         field=_choice(op, "field", path, ("value",), default="value"))
 
 
+def _source_fields(src: dict[str, Any], path: str) -> dict[str, Any]:
+    """A source's seed, partitions and rate (a chain's ``source``, a dataflow source
+    node), and a generator's keys."""
+    out: dict[str, Any] = {
+        "seed": int(_number(src, "seed", path, lo=0, hi=2**62, integer=True, default=0)),
+        "partitions": int(_number(src, "partitions", path, lo=1, hi=64, integer=True,
+                                  default=2)),
+    }
+    if "rate" not in src:
+        raise DefinitionError(f"{path}.rate", "is required")
+    out["rate"] = _validate_rate(_obj(src["rate"], f"{path}.rate"), f"{path}.rate")
+    if src.get("type", "generator") == "generator":
+        out["keys"] = _validate_keys(_obj(src.get("keys", {"kind": "uniform", "n": 100}),
+                                          f"{path}.keys"), f"{path}.keys")
+    return out
+
+
+def _run_options(doc: dict[str, Any]) -> dict[str, Any]:
+    """What every pipeline sets for its query: state store, key groups, trigger, read
+    limit."""
+    return {
+        "state_store": _choice(doc, "state_store", "", STATE_STORES, default="rocksdb"),
+        "key_groups": int(_number(doc, "key_groups", "", lo=1, hi=MAX_KEY_GROUPS,
+                                  integer=True, default=8)),
+        "trigger_ms": int(_number(doc, "trigger_ms", "", lo=0, hi=3_600_000, integer=True,
+                                  default=0)),
+        "max_records_per_batch": int(_number(doc, "max_records_per_batch", "", lo=1,
+                                             hi=100_000_000, integer=True,
+                                             default=2_000_000)),
+    }
+
+
 REFERENCES = tuple(f"nexmark:Q{i}" for i in range(9))
 NEXMARK_KNOBS = ("hot_auction_ratio", "hot_sellers_ratio", "hot_bidders_ratio",
                  "num_in_flight_auctions", "num_active_people", "avg_person_byte_size",
@@ -319,20 +351,10 @@ def _validate_source_node(src: dict[str, Any], path: str) -> dict[str, Any]:
     kind = src["type"]
     common = {"id", "type", "seed", "partitions", "rate", "watermark_s"}
     _allowed(src, path, common | ({"keys"} if kind == "generator" else {"nexmark"}))
-    out: dict[str, Any] = {
-        "seed": int(_number(src, "seed", path, lo=0, hi=2**62, integer=True, default=0)),
-        "partitions": int(_number(src, "partitions", path, lo=1, hi=64, integer=True,
-                                  default=2)),
-        "watermark_s": int(_number(src, "watermark_s", path, lo=0, hi=86_400, integer=True,
-                                   default=0)),
-    }
-    if "rate" not in src:
-        raise DefinitionError(f"{path}.rate", "is required")
-    out["rate"] = _validate_rate(_obj(src["rate"], f"{path}.rate"), f"{path}.rate")
-    if kind == "generator":
-        out["keys"] = _validate_keys(_obj(src.get("keys", {"kind": "uniform", "n": 100}),
-                                          f"{path}.keys"), f"{path}.keys")
-    else:
+    out = _source_fields(src, path)
+    out["watermark_s"] = int(_number(src, "watermark_s", path, lo=0, hi=86_400,
+                                     integer=True, default=0))
+    if kind == "nexmark":
         knobs = _obj(src.get("nexmark", {}), f"{path}.nexmark")
         _allowed(knobs, f"{path}.nexmark", set(NEXMARK_KNOBS))
         out["nexmark"] = {k: int(_number(knobs, k, f"{path}.nexmark", lo=1, hi=10_000_000,
@@ -348,12 +370,7 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
     except dataflow.GraphError as exc:
         raise DefinitionError(exc.path, exc.message) from None
     source = graph.source.params
-    state_store = _choice(doc, "state_store", "", STATE_STORES, default="rocksdb")
-    key_groups = _number(doc, "key_groups", "", lo=1, hi=MAX_KEY_GROUPS, integer=True,
-                         default=8)
-    trigger_ms = _number(doc, "trigger_ms", "", lo=0, hi=3_600_000, integer=True, default=0)
-    max_rows = _number(doc, "max_records_per_batch", "", lo=1, hi=100_000_000, integer=True,
-                       default=2_000_000)
+    options = _run_options(doc)
     keep_output = bool(graph.sink.params["keep_output"])
     reference = doc.get("reference")
     if reference is not None and reference not in REFERENCES:
@@ -362,17 +379,14 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
                               "the kept output against)")
     if reference is not None and graph.source.type != "nexmark":
         raise DefinitionError("reference", "a NEXMark reference needs the nexmark source")
-    clean = {"nodes": doc["nodes"], "key_groups": key_groups, "trigger_ms": trigger_ms,
-             "max_records_per_batch": max_rows, "state_store": state_store}
+    clean = {"nodes": doc["nodes"], **options}
     if reference is not None:
         clean["reference"] = reference
     return PipelineSpec(seed=source["seed"], partitions=source["partitions"],
                         rate=source["rate"], keys=source.get("keys",
                                                              {"kind": "uniform", "n": 1}),
                         operators=(), sink={"type": "latency", "keep_output": keep_output},
-                        key_groups=int(key_groups), trigger_ms=int(trigger_ms),
-                        max_records_per_batch=int(max_rows), state_store=state_store,
-                        keep_output=keep_output, raw=clean, graph=graph,
+                        **options, keep_output=keep_output, raw=clean, graph=graph,
                         source_type=graph.source.type, nexmark=source.get("nexmark", {}),
                         watermark_s=source["watermark_s"], reference=reference)
 
@@ -392,13 +406,7 @@ def validate(doc: Any) -> PipelineSpec:
     src = _obj(doc["source"], "source")
     _allowed(src, "source", {"type", "seed", "partitions", "rate", "keys"})
     _choice(src, "type", "source", ("generator",), default="generator")
-    seed = _number(src, "seed", "source", lo=0, hi=2**62, integer=True, default=0)
-    partitions = _number(src, "partitions", "source", lo=1, hi=64, integer=True, default=2)
-    if "rate" not in src:
-        raise DefinitionError("source.rate", "is required")
-    rate = _validate_rate(_obj(src["rate"], "source.rate"), "source.rate")
-    keys = _validate_keys(_obj(src.get("keys", {"kind": "uniform", "n": 100}), "source.keys"),
-                          "source.keys")
+    source = _source_fields(src, "source")
 
     ops_doc = doc.get("operators")
     if not isinstance(ops_doc, list) or not ops_doc:
@@ -419,25 +427,16 @@ def validate(doc: Any) -> PipelineSpec:
     keep_output = sink.get("keep_output", False)
     if not isinstance(keep_output, bool):
         raise DefinitionError("sink.keep_output", "must be true or false")
-    state_store = _choice(doc, "state_store", "", STATE_STORES, default="rocksdb")
-    if ops[stateful[0]].type == "hft_window" and state_store != "rocksdb":
+    options = _run_options(doc)
+    if ops[stateful[0]].type == "hft_window" and options["state_store"] != "rocksdb":
         raise DefinitionError("state_store", "hft_window (transformWithStateInPandas) needs "
                               "the rocksdb state store")
 
-    key_groups = _number(doc, "key_groups", "", lo=1, hi=MAX_KEY_GROUPS, integer=True,
-                         default=8)
-    trigger_ms = _number(doc, "trigger_ms", "", lo=0, hi=3_600_000, integer=True, default=0)
-    max_rows = _number(doc, "max_records_per_batch", "", lo=1, hi=100_000_000, integer=True,
-                       default=2_000_000)
-    clean = {"source": {"type": "generator", "seed": seed, "partitions": partitions,
-                        "rate": rate, "keys": keys},
+    clean = {"source": {"type": "generator", **source},
              "operators": ops_doc, "sink": {"type": "latency", "keep_output": keep_output},
-             "key_groups": key_groups, "trigger_ms": trigger_ms,
-             "max_records_per_batch": max_rows, "state_store": state_store}
-    return PipelineSpec(seed=int(seed), partitions=int(partitions), rate=rate, keys=keys,
-                        operators=ops, sink={"type": "latency", "keep_output": keep_output},
-                        key_groups=int(key_groups), trigger_ms=int(trigger_ms),
-                        max_records_per_batch=int(max_rows), state_store=state_store,
+             **options}
+    return PipelineSpec(**source, operators=ops,
+                        sink={"type": "latency", "keep_output": keep_output}, **options,
                         keep_output=keep_output, raw=clean)
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
@@ -70,16 +69,17 @@ def scheduled_events(spec_json: str, start: int, end: int, t0: float
 
 def to_arrow(start: int, events: list[dict[str, Any]], emit: np.ndarray) -> pa.RecordBatch:
     n = len(events)
+    date_ms = np.fromiter((e["dateTime"] for e in events), dtype=np.int64, count=n)
     arrays = []
     for column, kind in COLUMNS.items():
         if column == "seq":
             arrays.append(pa.array(np.arange(start, start + n, dtype=np.int64)))
         elif column == "emit_ts":
             arrays.append(pa.array(emit, type=pa.float64()))
-        elif column == "event_time":
-            arrays.append(pa.array([datetime.fromtimestamp(e["dateTime"] / 1000.0,
-                                                           tz=timezone.utc) for e in events],
-                                   type=_ARROW["timestamp"]))
+        elif column == "dateTime":
+            arrays.append(pa.array(date_ms))
+        elif column == "event_time":  # dateTime as a timestamp (µs)
+            arrays.append(pa.array(date_ms * 1000).cast(_ARROW["timestamp"]))
         else:
             arrays.append(pa.array([e.get(column) for e in events], type=_ARROW[kind]))
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)

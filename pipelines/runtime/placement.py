@@ -81,8 +81,8 @@ class StateStoreCoordinatorView:
     partition, so a group's whole state moves together. The stores are found in the
     checkpoint once the first batch wrote them (until then: operator 0's default)."""
 
-    def __init__(self, spark: Any, query_run_id: str, checkpoint: Path | str, groups: int,
-                 stores: Sequence[tuple[int, str]] | None = None) -> None:
+    def __init__(self, spark: Any, query_run_id: str, checkpoint: Path | str,
+                 groups: int) -> None:
         self.jvm = spark.sparkContext._jvm
         self.coordinator = spark._jsparkSession.streams().stateStoreCoordinator()
         self.pkg = self.jvm.org.apache.spark.sql.execution.streaming.state
@@ -90,7 +90,6 @@ class StateStoreCoordinatorView:
         self.checkpoint = Path(checkpoint)
         self.root = state_root(checkpoint)
         self.groups = groups
-        self.fixed = list(stores) if stores else None
         self.stores: list[tuple[int, str]] = []
         self._providers: list[list[Any]] = []  # per store, per group
         self._discovered = False
@@ -100,7 +99,7 @@ class StateStoreCoordinatorView:
     def _refresh(self) -> None:
         if self._discovered:
             return  # a query's stores never change once written
-        found = self.fixed or state_stores(self.checkpoint)
+        found = state_stores(self.checkpoint)
         self._discovered = bool(found)
         stores = found or [(0, DEFAULT_STORE)]
         if stores == self.stores:

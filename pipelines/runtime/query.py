@@ -37,11 +37,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.runtime import definition
-from pipelines.runtime.source import SCHEMA, SOURCE_NAME, GeneratorDataSource, source_options
-
-OBSERVATION = "sw_latency"
-# percentile_approx accuracy: rank error <= 1/ACCURACY of the batch's rows.
-PERCENTILE_ACCURACY = 10_000
+from pipelines.runtime.source import GeneratorDataSource, observe_latency, read_stream
 
 _COMPARE: dict[str, Callable[[Column, float], Column]] = {
     "<": lambda c, v: c < v, "<=": lambda c, v: c <= v, ">": lambda c, v: c > v,
@@ -67,19 +63,11 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
         from pipelines.runtime.dataflow_spark import build_dataflow
 
         return build_dataflow(spark, spec, t0, plan_dir)
-    spark.dataSource.register(GeneratorDataSource)
-    # The schema given here spares a Python round trip on the driver at query start.
-    df = (spark.readStream.format(SOURCE_NAME).schema(SCHEMA)
-          .options(**source_options(spec, t0)).load())
+    df = read_stream(spark, GeneratorDataSource, spec, t0)
     for op in spec.operators:
         if op.type not in definition.STATEFUL_TYPES:
             df = _apply_stateless(df, op)
-    df = df.observe(
-        OBSERVATION,
-        F.count(F.lit(1)).alias("records"),
-        F.min("emit_ts").alias("first_emit"),
-        F.percentile_approx("emit_ts", [0.01, 0.05, 0.5], PERCENTILE_ACCURACY).alias("q"),
-    )
+    df = observe_latency(df)
     stateful = spec.stateful
     if stateful.type == "hft_window":
         from pipelines.runtime import hft

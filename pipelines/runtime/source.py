@@ -35,6 +35,8 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 from pyspark.sql.types import DoubleType, LongType, StructField, StructType
 
@@ -166,6 +168,33 @@ def source_options(spec: definition.PipelineSpec, t0: float,
     if plan_dir is not None:
         options["plan_dir"] = str(plan_dir)
     return options
+
+
+# The per-batch latency observation (query.py says how latency follows from it).
+OBSERVATION = "sw_latency"
+# percentile_approx accuracy: rank error <= 1/ACCURACY of the batch's rows.
+PERCENTILE_ACCURACY = 10_000
+
+
+def read_stream(spark: SparkSession, data_source: type[GeneratorDataSource],
+                spec: definition.PipelineSpec, t0: float,
+                plan_dir: Path | str | None = None) -> DataFrame:
+    """The source's records as a stream. The schema given here spares a Python round
+    trip on the driver at query start."""
+    spark.dataSource.register(data_source)
+    return (spark.readStream.format(data_source.source_name)
+            .schema(data_source.source_schema)
+            .options(**source_options(spec, t0, plan_dir)).load())
+
+
+def observe_latency(df: DataFrame) -> DataFrame:
+    """Count and emission-time quantiles of the records passing here, per batch."""
+    return df.observe(
+        OBSERVATION,
+        F.count(F.lit(1)).alias("records"),
+        F.min("emit_ts").alias("first_emit"),
+        F.percentile_approx("emit_ts", [0.01, 0.05, 0.5], PERCENTILE_ACCURACY).alias("q"),
+    )
 
 
 def warm_up(_rows: Iterator[Any]) -> Iterator[int]:

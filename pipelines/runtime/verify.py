@@ -211,7 +211,8 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
             continue
         report.output_rows += len(df)
         for row in json.loads(df.to_json(orient="records")):
-            if row.get("windowStart") is not None and                     row["windowStart"] + window_ms > watermark:
+            start = row.get("windowStart")
+            if start is not None and start + window_ms > watermark:
                 continue
             got[_result_key(row, columns)] += 1
     want = collections.Counter(_result_key(r, columns)
