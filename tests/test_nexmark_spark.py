@@ -35,7 +35,7 @@ def _event_seconds(run: RunnerProcess) -> float:
 
 
 # Joins (Q3 interval, Q8 window), chained windows (Q5), WinningBids into sliding means (Q4).
-@pytest.mark.parametrize("query", ["Q3", "Q4", "Q5", "Q8"])
+@pytest.mark.parametrize("query", ["Q3", "Q4", "Q5", "Q6", "Q8"])
 def test_a_nexmark_query_matches_its_reference_across_a_scale_up_and_a_rebalance(
         tmp_path: Path, spark_cluster: Any, query: str) -> None:
     doc = queries.definition(query, RATE, key_groups=4)

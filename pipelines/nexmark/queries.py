@@ -82,21 +82,26 @@ def q3(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
                          "id": "right_id"}}]
 
 
-def q4(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
-    """Q4 'Average price for a category': Beam's WinningBids, then the mean winning price
-    per category over sliding windows of the auctions' closing times.
+# An offer's rank: its price first, then the earlier bid (Beam's WinningBids keeps the
+# earliest of equal bids). Exact in a long while a bid comes less than RANK_MS after
+# its auction opened (2.8 h: every auction at a rate above 1 event/s).
+RANK_MS = 10_000_000
 
-    WinningBids in Spark's vocabulary: an auction is re-stamped with its closing time
-    (``expires``) as event time; a bid joins it when it falls in the auction's lifetime
-    (the join keeps state for the longest auction the generator makes: twice the time
-    of ``numInFlightAuctions`` auctions at this rate), at or above the reserve; the
-    highest such price per auction is final once the watermark passes the second that
-    holds ``expires``. The means then run over sliding windows of those winners."""
+
+def _winning_bids(rate: float, partitions: int, carried: str) -> list[dict[str, Any]]:
+    """Beam's WinningBids in Spark's vocabulary, up to ``winners`` (columns ``id``,
+    ``carried``, ``price``, ``bid_time``): an auction is re-stamped with its closing
+    time (``expires``) as event time; a bid joins it when it falls in the auction's
+    lifetime (the join keeps state for the longest auction the generator makes: twice
+    the time of ``numInFlightAuctions`` auctions at this rate), at or above the reserve;
+    the highest such price per auction — the earliest bid among equal prices — is final
+    once the watermark passes the second that holds ``expires``."""
     longest_s = math.ceil(2 * IN_FLIGHT_EVENTS / rate) + 1
+    valid = "right_dateTime >= dateTime and right_dateTime < expires and price >= reserve"
     return [_source(rate, partitions),
             {"id": "auctions", "type": "filter", "input": "events", "where": "type == 'auction'"},
             {"id": "closing", "type": "project", "input": "auctions", "event_time": "expires",
-             "columns": {"id": "id", "category": "category", "reserve": "reserve",
+             "columns": {"id": "id", carried: carried, "reserve": "reserve",
                          "dateTime": "dateTime", "expires": "expires"}},
             _bids(),
             {"id": "offers", "type": "join", "left": "closing", "right": "bids",
@@ -104,13 +109,23 @@ def q4(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
             # A projection, not a filter: Spark would push a filter over both sides
             # into the join condition, whose watermark analysis cannot evaluate it.
             {"id": "valid", "type": "project", "input": "offers",
-             "columns": {"id": "id", "category": "category",
-                         "offer": "price if right_dateTime >= dateTime and right_dateTime "
-                                  "< expires and price >= reserve else None"}},
+             "columns": {"id": "id", carried: carried,
+                         "offer": f"price if {valid} else None",
+                         "rank": f"price * {RANK_MS} - (right_dateTime - dateTime) "
+                                 f"if {valid} else None",
+                         "bid_time": "right_dateTime"}},
             {"id": "best", "type": "window_aggregate", "input": "valid",
-             "key": ["id", "category"], "window": {"kind": "tumbling", "size_s": 1},
-             "aggregates": {"price": ["max", "offer"]}},
-            {"id": "winners", "type": "filter", "input": "best", "where": "price is not None"},
+             "key": ["id", carried], "window": {"kind": "tumbling", "size_s": 1},
+             "aggregates": {"price": ["max", "offer"],
+                            "bid_time": ["max_by", "bid_time", "rank"]}},
+            {"id": "winners", "type": "filter", "input": "best", "where": "price is not None"}]
+
+
+def q4(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q4 'Average price for a category': Beam's WinningBids (``_winning_bids``), then
+    the mean winning price per category over sliding windows of the auctions' closing
+    times, rounded half up."""
+    return [*_winning_bids(rate, partitions, "category"),
             {"id": "means", "type": "window_aggregate", "input": "winners",
              "key": ["category"], "window": SLIDING, "aggregates": {"mean": ["mean", "price"]}},
             {"id": "rounded", "type": "project", "input": "means",
@@ -124,6 +139,21 @@ def q5(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
              "key": ["auction"], "window": SLIDING, "aggregates": {"num": ["count"]}},
             {"id": "hottest", "type": "window_top", "input": "counts", "by": "num",
              "window": SLIDING}]
+
+
+def q6(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
+    """Q6 'Average selling price by seller': Beam's WinningBids (``_winning_bids``),
+    then per seller the mean price of their latest 10 winning bids by bid time then
+    price (Beam's ``MovingMeanSellingPrice``), rounded half up. Beam emits a seller's
+    mean again at every winning bid; a ``moving_mean`` emits it once per micro-batch in
+    which the seller won (Beam's value after that batch's last winner), with
+    ``count``, the seller's winning auctions so far, which the verifier checks it by."""
+    return [*_winning_bids(rate, partitions, "seller"),
+            {"id": "latest10", "type": "moving_mean", "input": "winners", "key": ["seller"],
+             "value": "price", "order": ["bid_time", "price"], "last": ref.Q6_LAST_AUCTIONS},
+            {"id": "rounded", "type": "project", "input": "latest10",
+             "columns": {"seller": "seller", "price": "(mean + 0.5) // 1",
+                         "count": "count"}}]
 
 
 def q7(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
@@ -145,12 +175,13 @@ def q8(rate: float, partitions: int = 2) -> list[dict[str, Any]]:
              "columns": {"id": "id", "name": "name", "reserve": "right_reserve"}}]
 
 
-QUERIES = {"Q0": q0, "Q1": q1, "Q2": q2, "Q3": q3, "Q4": q4, "Q5": q5, "Q7": q7, "Q8": q8}
+QUERIES = {"Q0": q0, "Q1": q1, "Q2": q2, "Q3": q3, "Q4": q4, "Q5": q5, "Q6": q6, "Q7": q7,
+           "Q8": q8}
 # The columns of each query's result rows that the reference lists.
 RESULT_COLUMNS = {
     "Q0": None, "Q1": BID_COLUMNS, "Q2": ("auction", "price"),
     "Q3": ("name", "city", "state", "id"), "Q4": ("category", "price", "windowStart"),
-    "Q5": ("auction", "num", "windowStart"),
+    "Q5": ("auction", "num", "windowStart"), "Q6": ("seller", "price", "count"),
     "Q7": (*BID_COLUMNS, "windowStart"), "Q8": ("id", "name", "reserve", "windowStart"),
 }
 

@@ -169,16 +169,26 @@ def q5(events: list[Event], watermark: int | None = None) -> list[Row]:
 def q6(events: list[Event], watermark: int | None = None) -> list[Row]:
     """Q6 'Average selling price by seller': per seller, the mean price of their last
     10 winning bids (by bid time, then price), rounded half up. Beam emits it again at
-    every new winning bid; this lists each seller's value at the watermark, which is the
-    last update a run emits for that seller."""
+    every new winning bid (``q6_running``); this lists each seller's value at the
+    watermark, which is the last update a run emits for that seller."""
+    return [{"seller": seller, "price": prices[-1]}
+            for seller, prices in sorted(q6_running(events, watermark).items())]
+
+
+def q6_running(events: list[Event], watermark: int | None = None) -> dict[int, list[int]]:
+    """Every value Beam's Q6 emits, per seller: element k-1 is the seller's mean after
+    their k-th winning auction in closing order (auctions closing at the same instant in
+    id order)."""
     latest: dict[int, list[Event]] = defaultdict(list)
+    running: dict[int, list[int]] = defaultdict(list)
     for auction, bid in winning_bids(events, watermark):
         kept = latest[auction["seller"]]
         kept.append(bid)
         kept.sort(key=lambda b: (b["dateTime"], b["price"]))
         del kept[:-Q6_LAST_AUCTIONS]
-    return [{"seller": seller, "price": java_round(sum(b["price"] for b in bids) / len(bids))}
-            for seller, bids in sorted(latest.items())]
+        running[auction["seller"]].append(
+            java_round(sum(b["price"] for b in kept) / len(kept)))
+    return dict(running)
 
 
 def q7(events: list[Event], watermark: int | None = None) -> list[Row]:

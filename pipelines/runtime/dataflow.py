@@ -17,8 +17,11 @@ NEXMark events, ``pipelines.nexmark``); stateless ``filter`` (``where``) and ``p
 (``columns``: name -> expression); stateful ``keyed_aggregate`` (no window; the query
 then runs in update mode), ``window_aggregate`` (tumbling, sliding or session windows
 on event time), ``window_top`` (per window, the rows at the highest value of a column,
-ties kept) and ``join`` (stream–stream inner join on keys, bounded in event time by an
-interval or by a common tumbling window); one ``sink``.
+ties kept), ``join`` (stream–stream inner join on keys, bounded in event time by an
+interval or by a common tumbling window) and ``moving_mean`` (per key, the mean of the
+latest N values by an order: ``moving_mean.py``, a ``transformWithState`` operator);
+one ``sink``. Aggregates: ``count``, ``sum``, ``min``, ``max``, ``mean`` and
+``max_by`` (``["max_by", value, order]``: the value on the row with the greatest order).
 
 Expressions are Python-syntax formulas over the input's columns — arithmetic
 (``+ - * / // %``), comparisons, ``and``/``or``/``not``, ``in (…)`` over literals,
@@ -43,9 +46,9 @@ from typing import Any
 
 SOURCE_TYPES = ("generator", "nexmark")
 STATELESS_TYPES = ("filter", "project")
-STATEFUL_TYPES = ("keyed_aggregate", "window_aggregate", "window_top", "join")
+STATEFUL_TYPES = ("keyed_aggregate", "window_aggregate", "window_top", "join", "moving_mean")
 NODE_TYPES = SOURCE_TYPES + STATELESS_TYPES + STATEFUL_TYPES + ("sink",)
-AGGREGATES = ("count", "sum", "min", "max", "mean")
+AGGREGATES = ("count", "sum", "min", "max", "mean", "max_by")
 WINDOW_KINDS = ("tumbling", "sliding", "session")
 MAX_NODES = 64
 
@@ -327,29 +330,40 @@ def _window(doc: Any, path: str) -> Window:
     return Window(kind, size_s=size, slide_s=slide)
 
 
-def _aggregates(doc: dict[str, Any], path: str, columns: Columns) -> dict[str, tuple[str, str]]:
+def _aggregates(doc: dict[str, Any], path: str, columns: Columns) -> dict[str, tuple[str, ...]]:
+    """``{output: [function, column]}`` (``["count"]`` alone; ``["max_by", value,
+    order]``) as ``{output: (function, column[, order])}``."""
     raw = doc.get("aggregates")
     if not isinstance(raw, dict) or not raw:
         raise GraphError(f"{path}.aggregates", "must be an object {output: [function, "
                                                "column]}, e.g. {\"bids\": [\"count\"]}")
-    out: dict[str, tuple[str, str]] = {}
+    out: dict[str, tuple[str, ...]] = {}
     for name, spec in raw.items():
         where = f"{path}.aggregates.{name}"
         if not name.isidentifier():
             raise GraphError(where, "an output name must be an identifier")
         if isinstance(spec, str):
             spec = [spec]
-        if not isinstance(spec, list) or not 1 <= len(spec) <= 2 or spec[0] not in AGGREGATES:
+        if not isinstance(spec, list) or not 1 <= len(spec) <= 3 or spec[0] not in AGGREGATES:
             raise GraphError(where, f"must be [function, column] with a function in "
                                     f"{', '.join(AGGREGATES)}")
         if spec[0] == "count" and len(spec) == 1:
             out[name] = ("count", "")
             continue
-        if len(spec) != 2 or spec[1] not in columns:
-            raise GraphError(where, f"{spec[0]} needs a column of the input (columns: "
+        arity = 3 if spec[0] == "max_by" else 2
+        if len(spec) != arity or not all(c in columns for c in spec[1:]):
+            shape = "[max_by, value column, order column]" if arity == 3 else \
+                f"[{spec[0]}, column]"
+            raise GraphError(where, f"must be {shape} over the input's columns (columns: "
                                     f"{', '.join(sorted(columns))})")
-        out[name] = (spec[0], spec[1])
+        if arity == 3 and columns[spec[2]] not in ("long", "double"):
+            raise GraphError(where, f"the order column {spec[2]!r} must be numeric")
+        out[name] = tuple(spec)
     return out
+
+
+def _aggregate_type(fn: str) -> str:
+    return "long" if fn == "count" else "double"  # the rest: doubles (Spark casts)
 
 
 # --------------------------------------------------------------------- the graph
@@ -410,7 +424,7 @@ def _keyed_aggregate(doc: dict[str, Any], path: str,
     key = _columns_list(doc, "key", path, src)
     aggs = _aggregates(doc, path, src)
     cols: Columns = {k: src[k] for k in key}
-    cols.update({n: ("long" if f == "count" else "double") for n, (f, _c) in aggs.items()})
+    cols.update({n: _aggregate_type(spec[0]) for n, spec in aggs.items()})
     return {"key": key, "aggregates": {n: list(v) for n, v in aggs.items()}}, cols
 
 
@@ -428,7 +442,7 @@ def _window_aggregate(doc: dict[str, Any], path: str,
                                                 "takes tumbling or sliding windows")
     aggs = _aggregates(doc, path, src)
     cols: Columns = {k: src[k] for k in key}
-    cols.update({n: ("long" if f in ("count",) else "double") for n, (f, _c) in aggs.items()})
+    cols.update({n: _aggregate_type(spec[0]) for n, spec in aggs.items()})
     cols.update(windowStart="long", window="window", emit_ts="double")
     return {"key": key, "window": window.as_dict(), "chained": chained,
             "aggregates": {n: list(v) for n, v in aggs.items()}}, cols
@@ -446,6 +460,8 @@ def _window_top(doc: dict[str, Any], path: str,
     if window.kind == "session":
         raise GraphError(f"{path}.window.kind", "window_top takes tumbling or sliding windows")
     chained = src.get("window") == "window"
+    if "event_time" not in src and not chained:
+        raise GraphError(f"{path}.input", "a window needs rows with an event time")
     if chained and inputs[0].params.get("window") != window.as_dict():
         raise GraphError(f"{path}.window", "must be the window of its input "
                                            f"({json.dumps(inputs[0].params.get('window'))})")
@@ -496,6 +512,32 @@ def _join(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str,
     return params, cols
 
 
+def _moving_mean(doc: dict[str, Any], path: str,
+                 inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    """Per key, the mean of ``value`` over the ``last`` rows greatest by ``order``
+    (``moving_mean.py``). Its rows carry no event time, so no window or join reads
+    them: Spark gives a transformWithState result a watermark only through an event-time
+    column it is told of, and the mean of a key's latest values has none."""
+    _allowed(doc, path, {"id", "type", "input", "key", "value", "order", "last"})
+    src = inputs[0].columns
+    key = _columns_list(doc, "key", path, src)
+    value = doc.get("value")
+    numeric = sorted(c for c, t in src.items() if t in ("long", "double"))
+    if value not in numeric:
+        raise GraphError(f"{path}.value", f"must name a numeric column of the input "
+                                          f"(columns: {', '.join(numeric)})")
+    order = _columns_list(doc, "order", path, src)
+    for c in order:
+        if c not in numeric:
+            raise GraphError(f"{path}.order", f"{c!r} is not numeric (columns: "
+                                              f"{', '.join(numeric)})")
+    last = _int(doc, "last", path, 1, 10_000)
+    cols: Columns = {k: src[k] for k in key}
+    cols.update(mean="double", count="long", emit_ts="double")
+    return {"key": key, "value": value, "order": order, "last": last,
+            "order_types": [src[c] for c in order]}, cols
+
+
 def _sink(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
     _allowed(doc, path, {"id", "type", "input", "keep_output"})
     keep = doc.get("keep_output", False)
@@ -507,7 +549,7 @@ def _sink(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str,
 BUILDERS: dict[str, NodeBuilder] = {
     "filter": _filter, "project": _project, "keyed_aggregate": _keyed_aggregate,
     "window_aggregate": _window_aggregate, "window_top": _window_top, "join": _join,
-    "sink": _sink,
+    "moving_mean": _moving_mean, "sink": _sink,
 }
 
 
@@ -663,6 +705,8 @@ def node_label(node_type: str, params: dict[str, Any]) -> str:
         text = on + (" within" if "within" in params else " same window")
     elif node_type == "keyed_aggregate":
         text = f"by {', '.join(params.get('key', []))}"
+    elif node_type == "moving_mean":
+        text = f"last {params.get('last')} {params.get('value')} by {', '.join(params.get('key', []))}"
     elif node_type in SOURCE_TYPES:
         rate = params.get("rate", {})
         text = f"{rate.get('kind', '')} rate"

@@ -19,6 +19,8 @@ Each node becomes DataFrame operations on its inputs' DataFrames:
   ``window_aggregate`` it regroups that operator's windows one to one by the
   ``slide``-long bucket holding each window's last instant (Spark's chained time-window
   aggregation, ``window_time``);
+* ``moving_mean`` is a ``transformWithStateInPandas`` operator (``moving_mean.py``;
+  the query then needs the RocksDB state store);
 * ``join`` is Spark's stream–stream inner join on the key pairs, with the right side's
   event time bounded relative to the left's (``within``) or both in the same tumbling
   window (``window``), so Spark can drop state behind the watermark.
@@ -88,10 +90,12 @@ def _window_column(window: dict[str, Any], time_col: Column) -> Column:
     return F.window(time_col, size, slide)
 
 
-def _aggregate(name: str, fn: str, col: str) -> Column:
+def _aggregate(name: str, fn: str, col: str, *order: str) -> Column:
     if fn == "count":
         return F.count(F.lit(1)).alias(name)
     c = F.col(col)
+    if fn == "max_by":  # rows whose order is null do not count
+        return F.max_by(c, F.col(order[0])).cast("double").alias(name)
     return {"sum": F.sum(c), "min": F.min(c), "max": F.max(c), "mean": F.avg(c)}[fn] \
         .cast("double").alias(name)
 
@@ -198,10 +202,10 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
                                                 .cast("long")).alias("event_time"))
             df = ins[0].select(*exprs, *[F.col(c) for c in carried])
         elif node.type == "keyed_aggregate":
-            aggs = [_aggregate(n, f, c) for n, (f, c) in p["aggregates"].items()]
+            aggs = [_aggregate(n, *spec) for n, spec in p["aggregates"].items()]
             df = ins[0].groupBy(*p["key"]).agg(*aggs)
         elif node.type == "window_aggregate":
-            aggs = [_aggregate(n, f, c) for n, (f, c) in p["aggregates"].items()]
+            aggs = [_aggregate(n, *spec) for n, spec in p["aggregates"].items()]
             # Over another window's results: each row at its window's last instant.
             time_col = F.window_time("window") if p.get("chained") else F.col("event_time")
             df = (ins[0].groupBy(_window_column(p["window"], time_col).alias("window"),
@@ -212,6 +216,14 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
             df = _window_top(ins[0], node, inputs)
         elif node.type == "join":
             df = _join(ins[0], ins[1], node, inputs)
+        elif node.type == "moving_mean":
+            from pipelines.runtime import moving_mean
+
+            key_types = [inputs[0].columns[k] for k in p["key"]]
+            df = ins[0].groupBy(*p["key"]).transformWithStateInPandas(
+                moving_mean.make_processor(p["key"], p["value"], p["order"],
+                                           p["order_types"], p["last"]),
+                moving_mean.output_ddl(p["key"], key_types), "Append", "None")
         else:  # sink: what reaches it is the query's output
             df = ins[0]
         frames[node.id] = df

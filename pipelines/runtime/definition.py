@@ -379,6 +379,11 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
                               "the kept output against)")
     if reference is not None and graph.source.type != "nexmark":
         raise DefinitionError("reference", "a NEXMark reference needs the nexmark source")
+    tws = [n for n in graph.stateful if n.type == "moving_mean"]
+    if tws and options["state_store"] != "rocksdb":
+        raise DefinitionError("state_store", f"{tws[0].id} (moving_mean, a "
+                              "transformWithStateInPandas operator) needs the rocksdb "
+                              "state store")
     clean = {"nodes": doc["nodes"], **options}
     if reference is not None:
         clean["reference"] = reference

@@ -202,7 +202,7 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
     report.batches, report.records = len(committed), ends[last]
     columns = queries.RESULT_COLUMNS[query]
     window_ms = reference.WINDOW_S * 1000
-    got: collections.Counter[str] = collections.Counter()
+    rows: list[dict[str, Any]] = []
     for b in committed:
         df = _read_output(output_dir, b)
         if df is None:
@@ -210,11 +210,16 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
             report.problem("lost", 0, f"batch {b} committed but its output is missing")
             continue
         report.output_rows += len(df)
-        for row in json.loads(df.to_json(orient="records")):
-            start = row.get("windowStart")
-            if start is not None and start + window_ms > watermark:
-                continue
-            got[_result_key(row, columns)] += 1
+        rows.extend(json.loads(df.to_json(orient="records")))
+    if query == "Q6":
+        _verify_running_means(events, watermark, rows, report)
+        return
+    got: collections.Counter[str] = collections.Counter()
+    for row in rows:
+        start = row.get("windowStart")
+        if start is not None and start + window_ms > watermark:
+            continue
+        got[_result_key(row, columns)] += 1
     want = collections.Counter(_result_key(r, columns)
                                for r in reference.expected(query, events, watermark))
     report.compared_rows = sum(want.values())
@@ -223,6 +228,40 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
     for key, n in (got - want).items():
         kind = "duplicated" if key in want else "unexpected"
         report.problem(kind, n, f"{query}: {kind} {n}x {key[:300]}")
+
+
+def _verify_running_means(events: list[dict[str, Any]], watermark: int,
+                          rows: list[dict[str, Any]], report: VerifyReport) -> None:
+    """NEXMark Q6: Beam emits a seller's mean after each of their winning auctions (in
+    closing order); a run emits it after a micro-batch's last one, with ``count``, the
+    seller's winners so far. Every row must be Beam's value after ``count`` winners
+    (auctions closed by the last event read: an auction's bids all come before it
+    closes), no (seller, count) twice, and every seller's rows must reach the winners
+    that closed behind the watermark."""
+    from pipelines.nexmark import reference
+
+    running = reference.q6_running(events)
+    final = {s: len(v) for s, v in reference.q6_running(events, watermark).items()}
+    seen: set[tuple[int, int]] = set()
+    reached: dict[int, int] = {}
+    for row in rows:
+        seller, count, price = int(row["seller"]), int(row["count"]), int(row["price"])
+        values = running.get(seller, [])
+        if (seller, count) in seen:
+            report.problem("duplicated", 1, f"Q6: seller {seller} after {count} winners "
+                                            "emitted twice")
+        elif not 1 <= count <= len(values) or values[count - 1] != price:
+            want = values[count - 1] if 1 <= count <= len(values) else "no such row"
+            report.problem("unexpected", 1, f"Q6: seller {seller} after {count} winners: "
+                                            f"{price}, reference {want}")
+        seen.add((seller, count))
+        reached[seller] = max(reached.get(seller, 0), count)
+    report.compared_rows = len(rows)
+    for seller, n in sorted(final.items()):
+        if reached.get(seller, 0) < n:
+            report.problem("lost", n - reached.get(seller, 0),
+                           f"Q6: seller {seller} reached {reached.get(seller, 0)} of the "
+                           f"{n} winners closed behind the watermark")
 
 
 def _records(spec: definition.PipelineSpec, t0: float, start: int, end: int,
