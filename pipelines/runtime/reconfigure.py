@@ -31,6 +31,10 @@ MIGRATION_TIMEOUT_S = 600.0
 Outcome = tuple[bool, str, dict[str, Any]]
 
 
+NO_KEYED_STATE = ("this pipeline keeps no keyed state (no stateful operator): its tasks "
+                  "follow the source's partitions, there is no key group to place")
+
+
 class ElasticDefaults(Protocol):
     """The run's defaults for reconfigurations (``runner.RunnerConfig``)."""
 
@@ -189,6 +193,12 @@ class Reconfigurer:
             self.bus.publish_event(RunnerEvent.MIGRATION_DONE, **migration.summary())
         return migration
 
+    @property
+    def keyed_state(self) -> bool:
+        """False for a dataflow pipeline without a stateful operator: its tasks follow
+        the source's partitions, there is no key group to place or move."""
+        return self.spec.graph is None or bool(self.spec.graph.stateful)
+
     # ------------------------------------------------------------------ commands
     def cmd_set_workers(self, args: dict[str, Any]) -> Outcome:
         n = args.get("workers")
@@ -208,7 +218,14 @@ class Reconfigurer:
         if mode == "kill":
             return self._set_workers_spark_default(n, before, started)
         migration = None
-        if n > len(before):
+        if not self.keyed_state:  # more or fewer executors; Spark spreads the tasks
+            target, info, released = self.routing.snapshot(), {}, []
+            if n > len(before):
+                executors.request_total(n)
+            elif n < len(before):
+                released = list(reversed(before))[:len(before) - n]
+                self.decommission_due = released
+        elif n > len(before):
             executors.request_total(n)
             deadline = time.monotonic() + EXECUTOR_WAIT_S
             while len(ids := self.runner.executors_now()) < n and time.monotonic() < deadline:
@@ -278,6 +295,8 @@ class Reconfigurer:
         moves = args.get("moves")
         if not isinstance(moves, dict) or not moves:
             return False, "moves must be an object {group: executor id}", {}
+        if not self.keyed_state:
+            return False, NO_KEYED_STATE, {}
         schedule, gap, _planner, _tau = self._options(args)
         alive = set(self.runner.executors_now())
         target = [str(e) for e in self.routing.snapshot()]
@@ -302,6 +321,8 @@ class Reconfigurer:
 
     def cmd_rebalance(self, args: dict[str, Any]) -> Outcome:
         schedule, gap, planner, tau = self._options(args)
+        if not self.keyed_state:
+            return True, f"nothing to rebalance: {NO_KEYED_STATE}", {"migration": None}
         # Over every registered executor: one that holds no group yet (e.g. added
         # without a planned migration) is where a rebalance should put some.
         current = [str(e) for e in self.routing.snapshot()]

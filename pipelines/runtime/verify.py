@@ -175,6 +175,10 @@ def _result_key(row: dict[str, Any], columns: tuple[str, ...] | None) -> str:
                if v is not None and k not in ("seq", "emit_ts", "event_time")}
     else:
         row = {k: row.get(k) for k in columns}
+    # A nullable long column reads back from Parquet as float64 (1187.0): whole numbers
+    # compare as integers on both sides.
+    row = {k: int(v) if isinstance(v, float) and v.is_integer() else v
+           for k, v in row.items()}
     return json.dumps(row, sort_keys=True)
 
 
