@@ -104,3 +104,46 @@ def test_the_picture_puts_every_node_after_its_inputs() -> None:
     chain = pdef.picture(pdef.validate(pdef.DEMO_DEFINITION))
     assert [n.type for n in chain.nodes] == ["generator", "filter", "map",
                                              "keyed_aggregate", "sink"]
+
+
+def test_a_moving_mean_and_max_by_are_checked_and_nothing_windows_its_results() -> None:
+    bids = {"id": "bids", "type": "filter", "input": "events", "where": "type == 'bid'"}
+    mean = {"id": "m", "type": "moving_mean", "input": "bids", "key": ["bidder"],
+            "value": "price", "order": ["dateTime"], "last": 3}
+    spec = pdef.validate(_doc(bids, mean, {"id": "out", "type": "sink", "input": "m"}))
+    assert spec.graph.sink.columns.keys() == {"bidder", "mean", "count", "emit_ts"}
+    assert "nodes[2] (m).value: must name a numeric column" in _error(_doc(
+        bids, {**mean, "value": "extra"}, {"id": "out", "type": "sink", "input": "m"}))
+    assert "needs the rocksdb state store" in _error({**_doc(
+        bids, mean, {"id": "out", "type": "sink", "input": "m"}), "state_store": "hdfs"})
+    assert "nodes[3] (w).input: a window needs rows with an event time" in _error(_doc(
+        bids, mean, {"id": "w", "type": "window_top", "input": "m", "by": "mean",
+                     "window": {"kind": "tumbling", "size_s": 10}},
+        {"id": "out", "type": "sink", "input": "w"}))
+    assert "[max_by, value column, order column]" in _error(_doc(
+        bids, {"id": "w", "type": "window_aggregate", "input": "bids",
+               "window": {"kind": "tumbling", "size_s": 10},
+               "aggregates": {"first": ["max_by", "price"]}},
+        {"id": "out", "type": "sink", "input": "w"}))
+
+
+def test_the_moving_mean_does_not_depend_on_how_rows_are_split_into_batches() -> None:
+    """The operator's state step against the brute force: the mean of the ``last``
+    greatest rows by order among everything seen, whatever the batches."""
+    import random
+
+    from pipelines.runtime import moving_mean
+
+    rng = random.Random(7)
+    rows = [((float(rng.randrange(50)), float(rng.randrange(5))), float(rng.randrange(100)))
+            for _ in range(300)]
+    for _trial in range(20):
+        state, seen, i = None, [], 0
+        while i < len(rows):
+            n = rng.randrange(1, 30)
+            batch = rows[i:i + n]
+            state, seen, i = moving_mean.advance(state, batch, 10), seen + batch, i + n
+            brute = sorted(seen, key=lambda r: r[0])[-10:]
+            assert state.count == len(seen)
+            assert sorted(state.kept) == sorted(brute)
+            assert moving_mean.mean(state) == pytest.approx(sum(v for _o, v in brute) / len(brute))
