@@ -226,3 +226,31 @@ def test_the_expected_cli_prints_a_querys_rows() -> None:
     bad = subprocess.run([sys.executable, "-m", "pipelines.nexmark", "expected", "Q99",
                           "--events", "5"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_the_bench_staircase_stops_at_the_first_step_that_is_not_sustainable() -> None:
+    """The bench's judgement on made-up batches: 2x the unloaded p95 or a backlog that
+    grows by more than a second of input ends the staircase; p95 at half is two √2
+    steps below the sustainable rate."""
+    from pipelines.runtime import nexmark_bench as nb
+
+    stairs = nb.staircase(100, 10, steps=6)
+    assert [r for _a, r in stairs] == [100, 141.4, 200, 282.8, 400, 565.7]
+    result = nb.Result("Q1", "plain", 1)
+    watch = nb.Staircase(result, stairs, 10)
+    p95 = {0: 50, 1: 55, 2: 60, 3: 70, 4: 99, 5: 300}
+    backlog = {4: 0}
+    go = True
+    for tenth in range(1, 600):
+        t = tenth / 10 + 0.05  # batches end between the step boundaries
+        k = int(t // 10)
+        grows = int((t - 10 * k) * 1000) if k == 4 else 0  # step 4: +1000 records/s
+        go = watch.add(nb.Batch(t=t, p95_ms=p95[k], backlog=backlog.get(k, 0) + grows, rows=1))
+        if not go:
+            break
+    assert t == pytest.approx(50.05)  # judged as soon as step 4 was over
+    assert [s.sustainable for s in result.steps] == [True, True, True, True, False]
+    assert result.unloaded_p95_ms == 50
+    nb.summarise(result)
+    assert result.sustainable_rate == 282.8 and result.p95_at_half_ms == 55
+    assert not result.capped

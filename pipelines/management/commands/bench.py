@@ -50,6 +50,9 @@ CATALOGUE: tuple[Benchmark, ...] = (
               ("-m", "pipelines.runtime.bench", "migration")),
     Benchmark("scale", "1 -> 2 -> 1 workers: planned migration + decommission vs Spark's "
               "default", ("-m", "pipelines.runtime.bench", "scale")),
+    Benchmark("nexmark", "NEXMark Q0-Q8 sustainable rate on 1 and 2 executors: Streamwise "
+              "vs the same query as plain PySpark", ("-m", "pipelines.nexmark", "bench"),
+              ("--queries", "Q1,Q5", "--workers", "1")),
     Benchmark("closed-loop", "MPC and rule controllers on real Spark vs static 1 and max "
               "workers", ("-m", "pipelines.runtime.bench", "closed-loop")),
 )

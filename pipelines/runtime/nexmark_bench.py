@@ -1,0 +1,366 @@
+"""NEXMark on this machine: per query, the sustainable rate on 1 and 2 executors with
+Streamwise and with the same query as plain PySpark, in the same run.
+
+    python -m pipelines.nexmark bench [--queries Q0,Q1,...] [--workers 1,2] [--step-s 12]
+
+(``pipelines.nexmark``'s CLI hands ``bench`` to this module: the runtime sits above the
+pure NEXMark library.)
+
+**Sustainable rate** (the issue's definition): the highest constant rate whose p95
+latency stays under 2x the unloaded p95 with no growing backlog. Each configuration is
+one run over a staircase of constant rates — ``--start`` events/s (the unloaded p95),
+then x√2 every ``--step-s`` seconds — stopped at the first step that is not sustainable.
+A step is judged on its batches after the first quarter of the step: median per-batch
+p95 ≤ 2x the unloaded p95, and the backlog (records due by now but not yet read) at the
+step's end no more than ``BACKLOG_S`` seconds of input above its level at the step's
+start. With √2 steps, the step two below the sustainable rate is half of it: its p95 is
+"p95 at half".
+
+**Streamwise**: the real runner (``runner.py``: key-group placement, per-batch metrics
+from Spark's task list, the latency sink, the control bus), output not kept.
+**Plain PySpark**: a bare Spark application on the same cluster with the same executors
+running the same DataFrame plan (``dataflow_spark.build_dataflow``: the compiler only
+emits DataFrame operations) into Spark's ``noop`` sink, latency read from the same
+observation in Spark's own progress events — what a Spark engineer would write without
+Streamwise. The difference is Streamwise's runtime overhead.
+
+Latency is per record: scheduled emission -> the end of the batch that read it. Rates are
+events/s of NEXMark events (all types). Q4 and Q6 bound their join by the longest
+auction at the staircase's lowest rate (a run passes through it). Numbers come from one
+run per configuration on a noisy 2-core machine: read the ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.nexmark import queries
+from pipelines.runtime import cluster, definition
+from pipelines.runtime.harness import HarnessError, RunnerProcess
+
+BACKLOG_S = 1.0  # a step's backlog may grow by at most this many seconds of its input
+WARM_FRACTION = 0.25  # the first quarter of a step: the rate change settling
+MAX_STEPS = 18
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Batch:
+    t: float  # seconds since t0 when the batch ended
+    p95_ms: float | None
+    backlog: int  # records due but not read when the batch was planned
+    rows: int
+
+
+@dataclass
+class Step:
+    rate: float
+    p95_ms: float | None = None  # median over the step's batches (after the warm-up)
+    backlog_growth: int = 0
+    batches: int = 0
+    sustainable: bool = False
+
+
+@dataclass
+class Result:
+    query: str
+    system: str  # streamwise | plain
+    workers: int
+    unloaded_p95_ms: float | None = None
+    sustainable_rate: float | None = None
+    p95_at_half_ms: float | None = None
+    steps: list[Step] = field(default_factory=list)
+    capped: bool = False  # every step held: the rate is at least this
+    error: str | None = None
+
+
+def staircase(start: float, step_s: float, steps: int = MAX_STEPS) -> list[list[float]]:
+    """``[[at_s, rate], ...]``: ``start`` events/s, then x√2 every ``step_s``."""
+    return [[round(k * step_s, 3), round(start * math.sqrt(2) ** k, 1)] for k in range(steps)]
+
+
+def judge(stairs: list[list[float]], step_s: float, batches: list[Batch],
+          unloaded_p95: float | None, k: int) -> Step:
+    at, rate = stairs[k]
+    lo, hi = at + WARM_FRACTION * step_s, at + step_s
+    inside = [b for b in batches if lo < b.t <= hi]
+    step = Step(rate=rate, batches=len(inside))
+    p95s = [b.p95_ms for b in inside if b.p95_ms is not None]
+    if not inside or not p95s:
+        return step
+    step.p95_ms = round(statistics.median(p95s), 1)
+    before = [b for b in batches if b.t <= lo]
+    start_backlog = before[-1].backlog if before else inside[0].backlog
+    step.backlog_growth = inside[-1].backlog - start_backlog
+    limit = 2 * (unloaded_p95 if unloaded_p95 is not None else step.p95_ms)
+    step.sustainable = step.p95_ms <= limit and step.backlog_growth <= BACKLOG_S * rate
+    return step
+
+
+def summarise(result: Result) -> None:
+    """The sustainable rate: the last step before the first one that is not (the
+    unloaded step counts); p95 at half: two √2-steps below it."""
+    first_bad = next((i for i, s in enumerate(result.steps) if not s.sustainable),
+                     len(result.steps))
+    if first_bad == 0:
+        return
+    result.sustainable_rate = result.steps[first_bad - 1].rate
+    result.capped = first_bad == len(result.steps) == MAX_STEPS
+    if first_bad >= 3:
+        result.p95_at_half_ms = result.steps[first_bad - 3].p95_ms
+
+
+def bench_doc(query: str, start: float, stairs: list[list[float]], workers: int
+              ) -> dict[str, Any]:
+    doc = queries.definition(query, start, key_groups=max(4, 2 * workers), keep_output=False)
+    for node in doc["nodes"]:
+        if node["type"] == "nexmark":
+            node["rate"] = {"kind": "step", "steps": stairs}
+    return doc
+
+
+class Staircase:
+    """Feeds batches in, judges each step once it is over, says when to stop."""
+
+    def __init__(self, result: Result, stairs: list[list[float]], step_s: float) -> None:
+        self.result, self.stairs, self.step_s = result, stairs, step_s
+        self.batches: list[Batch] = []
+
+    def add(self, batch: Batch) -> bool:
+        """Record a batch; False once a step failed or the staircase is over."""
+        self.batches.append(batch)
+        while len(self.result.steps) < len(self.stairs):
+            k = len(self.result.steps)
+            if batch.t <= self.stairs[k][0] + self.step_s:
+                return True
+            step = judge(self.stairs, self.step_s, self.batches,
+                         self.result.unloaded_p95_ms, k)
+            if k == 0:
+                self.result.unloaded_p95_ms = step.p95_ms
+                step.sustainable = step.p95_ms is not None
+            self.result.steps.append(step)
+            log(f"  {self.result.system:<10} {self.result.query} x{self.result.workers}: "
+                f"{step.rate:>8.0f}/s p95 {step.p95_ms} ms, backlog +{step.backlog_growth}"
+                f" -> {'ok' if step.sustainable else 'NOT sustainable'}")
+            if not step.sustainable:
+                return False
+        return False
+
+    @property
+    def deadline_s(self) -> float:
+        return self.stairs[-1][0] + self.step_s + 5
+
+
+def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers: int,
+                   start: float, step_s: float) -> Result:
+    result = Result(query, "streamwise", workers)
+    stairs = staircase(start, step_s)
+    doc = bench_doc(query, start, stairs, workers)
+    watch = Staircase(result, stairs, step_s)
+    run = RunnerProcess(work / f"sw-{query}-{workers}", master, doc, redis_url,
+                        token=f"nxb{query}{workers}", max_workers=workers,
+                        initial_workers=workers)
+    with run:
+        seen = 0
+        go = True
+        while go:
+            run.poll(1000)
+            for m in run.metrics[seen:]:
+                due, end = m.get("source_latest"), m.get("source_end")
+                batch = Batch(t=m["t"] - run.t0, p95_ms=m.get("latency_p95_ms"),
+                              backlog=max(0, (due or 0) - (end or 0)),
+                              rows=m["input_rows"])
+                go = watch.add(batch) and go
+            seen = len(run.metrics)
+            if run.metrics and run.metrics[-1]["t"] - run.t0 > watch.deadline_s:
+                break
+    summarise(result)
+    return result
+
+
+def run_plain(master: str, work: Path, query: str, workers: int, start: float,
+              step_s: float) -> Result:
+    result = Result(query, "plain", workers)
+    stairs = staircase(start, step_s)
+    watch = Staircase(result, stairs, step_s)
+    doc = bench_doc(query, start, stairs, workers)
+    where = work / f"plain-{query}-{workers}"
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "doc.json").write_text(json.dumps(doc))
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.nexmark_bench",
+                             "_plain", master, str(where), str(workers)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=open(where / "spark.log", "ab"),
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            batch = Batch(**json.loads(line))
+            if not watch.add(batch) or batch.t > watch.deadline_s:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    if proc.returncode not in (0, -signal.SIGTERM, 143) and not result.steps:
+        result.error = f"plain PySpark exited {proc.returncode} (see {where}/spark.log)"
+    summarise(result)
+    return result
+
+
+def plain_main(master: str, where: Path, workers: int) -> int:
+    """The plain PySpark application: the query into ``noop``; one JSON line per batch."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    from pipelines.runtime.dataflow_spark import build_dataflow
+    from pipelines.runtime.session import apply_run_conf, build_session
+    from pipelines.runtime.source import OBSERVATION
+
+    spec = definition.validate(json.loads((where / "doc.json").read_text()))
+    spark = build_session(master, "nexmark-plain", workers, "2g")
+    apply_run_conf(spark, spec)
+    deadline = time.time() + 120
+    while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1 < workers:
+        if time.time() > deadline:
+            print(f"only some of {workers} executors registered", file=sys.stderr)
+            return 1
+        time.sleep(0.25)
+    t0 = time.time()
+
+    class Progress(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            now = time.time()
+            p = event.progress
+            source = p.sources[0] if p.sources else None
+            end = json.loads(source.endOffset).get("offset", 0) if source else 0
+            due = json.loads(source.latestOffset).get("offset", 0) \
+                if source and source.latestOffset else end
+            obs = p.observedMetrics.get(OBSERVATION)
+            p95 = None
+            if obs is not None and obs["records"] and obs["q"] is not None:
+                p95 = round((now - obs["q"][1]) * 1000.0, 1)
+            print(json.dumps({"t": now - t0, "p95_ms": p95, "backlog": max(0, due - end),
+                              "rows": int(p.numInputRows)}), flush=True)
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    spark.streams.addListener(Progress())
+    writer = (build_dataflow(spark, spec, t0, where / "plan").writeStream.format("noop")
+              .outputMode(spec.output_mode)
+              .option("checkpointLocation", str(where / "checkpoint")))
+    if spec.trigger_ms:
+        writer = writer.trigger(processingTime=f"{spec.trigger_ms} milliseconds")
+    q = writer.start()
+    signal.signal(signal.SIGTERM, lambda *_: q.stop())
+    try:
+        q.awaitTermination()
+    finally:
+        spark.stop()
+    return 0
+
+
+def table(results: list[Result]) -> str:
+    by = {(r.query, r.system, r.workers): r for r in results}
+    lines = ["| query | workers | Streamwise sustainable (ev/s) | plain PySpark (ev/s) | "
+             "Streamwise / plain | unloaded p95 SW / plain (ms) | p95 at half SW / plain (ms) |",
+             "|---|---|---|---|---|---|---|"]
+    for (query, system, workers), sw in sorted(by.items()):
+        if system != "streamwise":
+            continue
+        plain = by.get((query, "plain", workers))
+        ratio = (f"{sw.sustainable_rate / plain.sustainable_rate:.2f}"
+                 if plain and sw.sustainable_rate and plain.sustainable_rate else "—")
+        lines.append(f"| {query} | {workers} | {sw.sustainable_rate or '—'} | "
+                     f"{(plain and plain.sustainable_rate) or '—'} | {ratio} | "
+                     f"{sw.unloaded_p95_ms} / {plain and plain.unloaded_p95_ms} | "
+                     f"{sw.p95_at_half_ms} / {plain and plain.p95_at_half_ms} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_plain"]:
+        return plain_main(argv[1], Path(argv[2]), int(argv[3]))
+    ap = argparse.ArgumentParser(prog="python -m pipelines.nexmark bench",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--queries", default=",".join(queries.QUERIES))
+    ap.add_argument("--workers", default="1,2", help="executor counts (1-core each)")
+    ap.add_argument("--start", type=float, default=100.0,
+                    help="the first (unloaded) step, events/s")
+    ap.add_argument("--step-s", type=float, default=12.0, help="seconds per step")
+    ap.add_argument("--systems", default="streamwise,plain")
+    ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = ap.parse_args(argv)
+    chosen = [q.strip().upper() for q in args.queries.split(",") if q.strip()]
+    unknown = [q for q in chosen if q not in queries.QUERIES]
+    systems = [s for s in args.systems.split(",") if s]
+    try:
+        workers = [int(w) for w in args.workers.split(",")]
+    except ValueError:
+        workers = []
+    if unknown or not chosen:
+        ap.error(f"unknown query {', '.join(unknown)}; known: {', '.join(queries.QUERIES)}")
+    if not workers or not all(1 <= w <= 2 for w in workers):
+        ap.error("--workers takes 1 and/or 2 (this machine has 2 cores)")
+    if not set(systems) <= {"streamwise", "plain"} or not systems:
+        ap.error("--systems takes streamwise and/or plain")
+    if not 1 <= args.start <= 100_000 or not 4 <= args.step_s <= 600:
+        ap.error("need 1 <= --start <= 100000 and 4 <= --step-s <= 600")
+    work = Path(tempfile.mkdtemp(prefix="streamwise-nexmark-bench-"))
+    log(f"starting an embedded Spark cluster in {work} ...")
+    info = cluster.start(work / "spark")
+    results: list[Result] = []
+    started = time.time()
+    try:
+        for query in chosen:
+            for w in workers:
+                for system in systems:
+                    log(f"{query} on {w} executor(s), {system} ...")
+                    try:
+                        if system == "streamwise":
+                            r = run_streamwise(info.master_url, work, args.redis_url, query,
+                                               w, args.start, args.step_s)
+                        else:
+                            r = run_plain(info.master_url, work, query, w, args.start,
+                                          args.step_s)
+                    except HarnessError as exc:
+                        r = Result(query, system, w, error=str(exc))
+                    results.append(r)
+                    if args.json:
+                        args.json.write_text(json.dumps([asdict(x) for x in results],
+                                                        indent=1))
+    finally:
+        cluster.stop(info)
+    print(table(results))
+    print(f"\n{len(results)} runs in {time.time() - started:.0f} s; one run per "
+          "configuration (ratios compare runs minutes apart on one machine)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
