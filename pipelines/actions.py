@@ -35,7 +35,8 @@ SAMPLE_FIELDS = ("batch_id", "input_rows", "records", "input_rate", "scheduled_r
                  "state_rows", "frequency_source", "drift", "group_moves", "failed_tasks",
                  "groups", "migration")
 # Per-group arrays of a runner record, kept together as a sample's ``groups``.
-GROUP_FIELDS = ("placement", "ran_on", "group_bytes", "group_ms", "group_records")
+GROUP_FIELDS = ("placement", "ran_on", "group_bytes", "group_ms", "group_records",
+                "operator_bytes")
 
 
 def group_name(run_id: int) -> str:

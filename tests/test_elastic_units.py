@@ -438,3 +438,34 @@ def test_the_demo_step_needs_two_workers_exactly_while_high(overhead_s: float,
     assert p95_ms(plan.high_rps, 1, cost_ratio=1.6) > plan.bound_ms
     assert p95_ms(plan.low_rps, 1, cost_ratio=0.7) < plan.bound_ms
     assert plan.up_at_s >= 0.9 * warmup_s and plan.down_at_s > plan.up_at_s + 60
+
+
+def test_state_is_named_per_stateful_operator_from_the_checkpoint(tmp_path) -> None:
+    """Spark numbers state operators from the sink down; their names come from the
+    state metadata (v1 file, or v2 per batch for transformWithState)."""
+    import json as _json
+
+    from pipelines.runtime import placement
+
+    def meta(op: int, name: str, v2: bool) -> None:
+        base = tmp_path / "state" / str(op) / "_metadata"
+        path = base / "v2" / "0" if v2 else base / "metadata"
+        path.parent.mkdir(parents=True)
+        path.write_text(("v2\n" if v2 else "v1\n") + _json.dumps(
+            {"operatorInfo": {"operatorId": op, "operatorName": name}}))
+        for g in range(2):
+            part = tmp_path / "state" / str(op) / str(g)
+            part.mkdir(parents=True)
+            (part / "1.delta").write_bytes(b"x" * (100 * (op + 1) + g))
+
+    meta(0, "transformWithStateInPandasExec", True)
+    meta(1, "stateStoreSave", False)
+    ops = placement.operator_state_bytes(tmp_path, 2)
+    assert [(o.spark_name, o.bytes) for o in ops] == [
+        ("transformWithStateInPandasExec", [100, 101]), ("stateStoreSave", [200, 201])]
+    assert placement.state_bytes(tmp_path, 2) == [300, 302]
+    nodes = [("best", "window_aggregate"), ("latest10", "moving_mean")]
+    assert placement.operator_labels(nodes, ops) == ["latest10", "best"]
+    # A shape the order does not explain: Spark's own names.
+    assert placement.operator_labels(list(reversed(nodes)), ops) == [
+        "operator 0 (transformWithStateInPandasExec)", "operator 1 (stateStoreSave)"]

@@ -61,6 +61,9 @@ def test_a_nexmark_query_matches_its_reference_across_a_scale_up_and_a_rebalance
         until = _event_seconds(run) + held + spec.graph.output_lag_ms() / 1000 + 2
         while _event_seconds(run) < until:
             run.wait_batches(1)
+        # The placement's state, per stateful operator, named by its node.
+        named = [op["operator"] for op in run.metrics[-1].get("operator_bytes", [])]
+        assert sorted(named) == sorted(n.id for n in spec.graph.stateful)
     report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
     assert report.ok, report.problems
     assert report.compared_rows > 0 and report.batches >= 5

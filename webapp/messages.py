@@ -24,6 +24,13 @@ class RunState(TypedDict):
     spark_app_id: str
 
 
+class OperatorBytes(TypedDict):
+    """One stateful operator's state per key group (named by its dataflow node)."""
+
+    operator: str
+    bytes: list[int]
+
+
 class Groups(TypedDict):
     """Per key group (index = group): where it lives, where it ran, its size and load."""
 
@@ -32,6 +39,7 @@ class Groups(TypedDict):
     group_bytes: list[int | None] | None
     group_ms: list[float | None] | None
     group_records: list[int | None] | None
+    operator_bytes: list[OperatorBytes] | None
 
 
 class Sample(TypedDict):

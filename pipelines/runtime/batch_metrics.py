@@ -72,6 +72,10 @@ class BatchMetrics:
         self.placed_for: dict[int, list[str | None]] = {}
         self.group_ms: collections.deque[list[int]] = collections.deque(maxlen=LOAD_WINDOW)
         self.group_bytes: list[int] = [0] * spec.key_groups
+        # The stateful operators (id, type), inputs first: what the state is named by.
+        self.stateful_nodes = ([(n.id, n.type) for n in spec.graph.stateful]
+                               if spec.graph is not None else
+                               [(spec.stateful.type, spec.stateful.type)])
         self.last_ran_on: dict[int, str] = {}
         self.boundary_ms: float | None = None  # the last between-batches pause
         self.repinned = 0
@@ -166,7 +170,10 @@ class BatchMetrics:
         task_ms = {g: t.run_ms for g, t in tasks.tasks.items()}
         table = self.placed_for.get(batch) or self.routing.snapshot()
         drifted = [g for g, e in ran_on.items() if table[g] is not None and table[g] != e]
-        self.group_bytes = placement.state_bytes(self.checkpoint, groups)
+        operators = placement.operator_state_bytes(self.checkpoint, groups)
+        self.group_bytes = ([sum(op.bytes[g] for op in operators) for g in range(groups)]
+                            if operators else placement.state_bytes(self.checkpoint, groups))
+        labels = placement.operator_labels(self.stateful_nodes, operators)
         if len(task_ms) == groups:
             self.group_ms.append([task_ms[g] for g in range(groups)])
         # Groups whose task ran on another executor than in the previous batch: planned
@@ -184,6 +191,8 @@ class BatchMetrics:
             "group_records": [tasks.tasks[g].records if g in tasks.tasks else None
                               for g in range(groups)],
             "group_bytes": self.group_bytes,
+            "operator_bytes": [{"operator": label, "bytes": op.bytes}
+                               for label, op in zip(labels, operators, strict=True)],
             "failed_tasks": tasks.failed_tasks,
             "migration": ({"id": active.id, "reason": active.reason,
                            "strategy": active.strategy, "steps": len(active.steps),

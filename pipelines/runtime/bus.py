@@ -138,6 +138,8 @@ class MetricsRecord(TypedDict):
     group_moves: NotRequired[int]
     group_ms: NotRequired[list[int | None]]
     group_records: NotRequired[list[int | None]]
+    # Per stateful operator (named by its dataflow node): its bytes per key group.
+    operator_bytes: NotRequired[list[dict[str, Any]]]
     group_bytes: NotRequired[list[int]]
     failed_tasks: NotRequired[int]
     migration: NotRequired[MigrationProgress | None]

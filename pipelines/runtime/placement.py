@@ -320,6 +320,66 @@ def group_state(checkpoint: Path | str, group: int, operator_id: int = 0,
 def state_bytes(checkpoint: Path | str, groups: int) -> list[int]:
     """Per key group, what reloading it reads: the sum over every stateful operator's
     stores (a group moves whole)."""
-    stores = state_stores(checkpoint) or [(0, DEFAULT_STORE)]
-    return [sum(group_state(checkpoint, g, op, name).bytes_to_load for op, name in stores)
-            for g in range(groups)]
+    per_operator = operator_state_bytes(checkpoint, groups)
+    if not per_operator:
+        return [group_state(checkpoint, g).bytes_to_load for g in range(groups)]
+    return [sum(op.bytes[g] for op in per_operator) for g in range(groups)]
+
+
+@dataclass(frozen=True)
+class OperatorState:
+    operator_id: int  # Spark's stateful operator id (0: the one nearest the sink)
+    spark_name: str  # e.g. symmetricHashJoin, stateStoreSave ("" before its metadata)
+    bytes: list[int]  # per key group: what reloading it reads
+
+
+def operator_name(checkpoint: Path | str, operator_id: int) -> str:
+    """The operator's name in its state metadata: ``state/<op>/_metadata/metadata``
+    (v1), or per batch under ``_metadata/v2/`` (transformWithState)."""
+    meta = Path(checkpoint) / "state" / str(operator_id) / "_metadata"
+    try:
+        v2 = sorted((p for p in (meta / "v2").iterdir() if p.name.isdigit()),
+                    key=lambda p: int(p.name)) if (meta / "v2").is_dir() else []
+        path = v2[-1] if v2 else meta / "metadata"
+        lines = path.read_text().splitlines()
+        doc = json.loads(next(ln for ln in lines if ln.startswith("{")))
+        return str(doc["operatorInfo"]["operatorName"])
+    except (OSError, StopIteration, ValueError, KeyError, TypeError):
+        return ""
+
+
+def operator_state_bytes(checkpoint: Path | str, groups: int) -> list[OperatorState]:
+    """Per stateful operator, the bytes each key group's stores of it reload."""
+    by_op: dict[int, list[int]] = {}
+    for op, name in state_stores(checkpoint):
+        sizes = by_op.setdefault(op, [0] * groups)
+        for g in range(groups):
+            sizes[g] += group_state(checkpoint, g, op, name).bytes_to_load
+    return [OperatorState(op, operator_name(checkpoint, op), sizes)
+            for op, sizes in sorted(by_op.items())]
+
+
+# Spark's names of the state operators each dataflow node type compiles to.
+SPARK_OPERATOR_NAMES = {"join": ("symmetricHashJoin",),
+                        "window_aggregate": ("stateStoreSave",),
+                        "window_top": ("stateStoreSave",),
+                        "keyed_aggregate": ("stateStoreSave",),
+                        "moving_mean": ("transformWithStateInPandasExec",
+                                        "transformWithStateExec"),
+                        "hft_window": ("transformWithStateInPandasExec",
+                                       "transformWithStateExec")}
+
+
+def operator_labels(nodes: Sequence[tuple[str, str]], operators: Sequence[OperatorState]
+                    ) -> list[str]:
+    """A name per Spark state operator: the dataflow node it runs (``nodes``: the
+    stateful nodes' (id, type), inputs first). Spark numbers stateful operators from
+    the sink down, so in a chain operator 0 is the last node; where the count or a
+    name does not fit that, the label is Spark's own."""
+    ordered = list(reversed(nodes))
+    fits = len(ordered) == len(operators) and all(
+        not op.spark_name or op.spark_name in SPARK_OPERATOR_NAMES.get(kind, ())
+        for op, (_id, kind) in zip(operators, ordered, strict=True))
+    if fits:
+        return [node_id for node_id, _kind in ordered]
+    return [f"operator {op.operator_id} ({op.spark_name or 'state'})" for op in operators]

@@ -200,10 +200,27 @@
       cell(tr, totalMs ? Math.round((100 * ms) / totalMs) + " %" : "—");
       tbody.appendChild(tr);
     }
+    // The same groups per stateful operator: each operator's partition g is group g,
+    // so a group's move reloads every operator's store of it.
+    const opBody = document.querySelector("#operator-state tbody");
+    opBody.innerHTML = "";
+    for (const op of g.operator_bytes || []) {
+      const tr = document.createElement("tr");
+      tr.dataset.operator = op.operator;
+      const total = op.bytes.reduce((a, b) => a + (b || 0), 0);
+      cell(tr, op.operator);
+      cell(tr, (total / 1e6).toFixed(2) + " MB");
+      cell(tr, workers.map((w) => {
+        const mb = placement.reduce((a, e, i) => a + (e === w ? op.bytes[i] || 0 : 0), 0);
+        return `executor ${w}: ${(mb / 1e6).toFixed(2)} MB`;
+      }).join(" · "));
+      opBody.appendChild(tr);
+    }
     const health = document.getElementById("placement-health");
     health.textContent = `batch ${s.batch_id}: ${s.drift || 0} groups off placement, ` +
       `${s.group_moves || 0} moved since the previous batch, ${s.failed_tasks || 0} failed tasks`;
-    probe.placement = { batch: s.batch_id, workers: workers.length, placement: placement };
+    probe.placement = { batch: s.batch_id, workers: workers.length, placement: placement,
+      operators: (g.operator_bytes || []).map((op) => op.operator) };
   }
 
   function renderMigration(m) {
