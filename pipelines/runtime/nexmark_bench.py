@@ -89,12 +89,12 @@ class Result:
     error: str | None = None
 
 
-def staircase(start: float, step_s: float, steps: int = MAX_STEPS) -> list[list[float]]:
+def staircase(start: float, step_s: int, steps: int = MAX_STEPS) -> list[list[float]]:
     """``[[at_s, rate], ...]``: ``start`` events/s, then x√2 every ``step_s``."""
-    return [[round(k * step_s, 3), round(start * math.sqrt(2) ** k, 1)] for k in range(steps)]
+    return [[int(k * step_s), round(start * math.sqrt(2) ** k, 1)] for k in range(steps)]
 
 
-def judge(stairs: list[list[float]], step_s: float, batches: list[Batch],
+def judge(stairs: list[list[float]], step_s: int, batches: list[Batch],
           unloaded_p95: float | None, k: int) -> Step:
     at, rate = stairs[k]
     lo, hi = at + WARM_FRACTION * step_s, at + step_s
@@ -137,7 +137,7 @@ def bench_doc(query: str, start: float, stairs: list[list[float]], workers: int
 class Staircase:
     """Feeds batches in, judges each step once it is over, says when to stop."""
 
-    def __init__(self, result: Result, stairs: list[list[float]], step_s: float) -> None:
+    def __init__(self, result: Result, stairs: list[list[float]], step_s: int) -> None:
         self.result, self.stairs, self.step_s = result, stairs, step_s
         self.batches: list[Batch] = []
 
@@ -167,7 +167,7 @@ class Staircase:
 
 
 def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers: int,
-                   start: float, step_s: float) -> Result:
+                   start: float, step_s: int) -> Result:
     result = Result(query, "streamwise", workers)
     stairs = staircase(start, step_s)
     doc = bench_doc(query, start, stairs, workers)
@@ -194,7 +194,7 @@ def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers:
 
 
 def run_plain(master: str, work: Path, query: str, workers: int, start: float,
-              step_s: float) -> Result:
+              step_s: int) -> Result:
     result = Result(query, "plain", workers)
     stairs = staircase(start, step_s)
     watch = Staircase(result, stairs, step_s)
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="1,2", help="executor counts (1-core each)")
     ap.add_argument("--start", type=float, default=100.0,
                     help="the first (unloaded) step, events/s")
-    ap.add_argument("--step-s", type=float, default=12.0, help="seconds per step")
+    ap.add_argument("--step-s", type=int, default=12, help="whole seconds per step")
     ap.add_argument("--systems", default="streamwise,plain")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
