@@ -106,10 +106,21 @@ def test_websocket_refuses_anonymous_and_unknown_runs(operator) -> None:
 
 
 def _controlled_run(user):
+    """A running run under Lat-Node whose control steps only the test takes: the session's
+    celery beat (started by an earlier test's live stack) ticks every due run each
+    second, and a tick of its own would race the test's for the same records. The run
+    was last ticked "now" and its step is an hour, so the beat never finds it due;
+    ``loop.tick`` itself does not look at the step."""
+    from control import loop
     from control.models import Policy
+    from pipelines import launch
 
     run = _new_run(user, workers=1, key_groups=4, frequencies=[2.0], frequency_ghz=2.0)
-    Policy.objects.filter(pk=run.policy_id).update(strategy="lat-node", control_step_s=2)
+    r = launch.run_bus(run).r
+    for key in r.scan_iter(f"control:{run.bus_key}:*"):
+        r.delete(key)
+    r.set(loop._key(run, "last"), time.time(), ex=3600)
+    Policy.objects.filter(pk=run.policy_id).update(strategy="lat-node", control_step_s=3600)
     run.refresh_from_db()
     return run
 
@@ -147,8 +158,6 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
     run_bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
     run_bus.reset()
     run_bus.mark_live()
-    for key in run_bus.r.scan_iter(f"control:{run.bus_key}:*"):
-        run_bus.r.delete(key)
     # A snapshot with something in each list: a stored sample, an event, a decision.
     _runner_records(run_bus, 0, 6)
     asyncio.run(Relay().step(block_ms=2000))
