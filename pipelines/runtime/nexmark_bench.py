@@ -1,7 +1,7 @@
 """NEXMark on this machine: per query, the sustainable rate on 1 and 2 executors with
 Streamwise and with the same query as plain PySpark, in the same run.
 
-    python -m pipelines.nexmark bench [--queries Q0,Q1,...] [--workers 1,2] [--step-s 12]
+    python -m pipelines.nexmark bench [--queries Q0,Q1,...] [--workers 1,2] [--step-s 10]
 
 (``pipelines.nexmark``'s CLI hands ``bench`` to this module: the runtime sits above the
 pure NEXMark library.)
@@ -9,7 +9,8 @@ pure NEXMark library.)
 **Sustainable rate** (the issue's definition): the highest constant rate whose p95
 latency stays under 2x the unloaded p95 with no growing backlog. Each configuration is
 one run over a staircase of constant rates — ``--start`` events/s (the unloaded p95),
-then x√2 every ``--step-s`` seconds — stopped at the first step that is not sustainable.
+then ``--climb-from`` events/s and x√2 every ``--step-s`` seconds — stopped at the first
+step that is not sustainable.
 A step is judged on its batches after the first quarter of the step: median per-batch
 p95 ≤ 2x the unloaded p95, and the backlog (records due by now but not yet read) at the
 step's end no more than ``BACKLOG_S`` seconds of input above its level at the step's
@@ -52,6 +53,7 @@ from pipelines.runtime.harness import HarnessError, RunnerProcess
 BACKLOG_S = 1.0  # a step's backlog may grow by at most this many seconds of its input
 WARM_FRACTION = 0.25  # the first quarter of a step: the rate change settling
 MAX_STEPS = 18
+EXECUTOR_MEMORY = "1g"  # both systems' executors (the runner's default is 512m)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -89,15 +91,33 @@ class Result:
     error: str | None = None
 
 
-def staircase(start: float, step_s: int, steps: int = MAX_STEPS) -> list[list[float]]:
-    """``[[at_s, rate], ...]``: ``start`` events/s, then x√2 every ``step_s``."""
-    return [[int(k * step_s), round(start * math.sqrt(2) ** k, 1)] for k in range(steps)]
+def staircase(start: float, step_s: int, steps: int = MAX_STEPS,
+              climb_from: float | None = None, unloaded_s: int | None = None
+              ) -> list[list[float]]:
+    """``[[at_s, rate], ...]``: ``start`` events/s for ``unloaded_s`` (default
+    ``step_s``; Spark's first batches start Python workers, so the unloaded step may
+    need longer), then x√2 every ``step_s`` — from ``climb_from`` when given: the steps
+    far below what any query sustains here tell nothing and cost a minute per run."""
+    base = start if climb_from is None else climb_from / math.sqrt(2)
+    first = step_s if unloaded_s is None else unloaded_s
+    return [[0, round(start, 1)]] + [[int(first + (k - 1) * step_s),
+                                      round(base * math.sqrt(2) ** k, 1)]
+                                     for k in range(1, steps)]
+
+
+def span(stairs: list[list[float]], step_s: int, k: int) -> tuple[float, float]:
+    """Step ``k``'s seconds: from its start to the next step's (the last: ``step_s``)."""
+    at = stairs[k][0]
+    return at, stairs[k + 1][0] if k + 1 < len(stairs) else at + step_s
 
 
 def judge(stairs: list[list[float]], step_s: int, batches: list[Batch],
           unloaded_p95: float | None, k: int) -> Step:
-    at, rate = stairs[k]
-    lo, hi = at + WARM_FRACTION * step_s, at + step_s
+    at, end = span(stairs, step_s, k)
+    rate = stairs[k][1]
+    # The unloaded step holds Spark's warm-up (first batches start Python workers):
+    # judged on its second half only.
+    lo, hi = at + (0.5 if k == 0 else WARM_FRACTION) * (end - at), end
     inside = [b for b in batches if lo < b.t <= hi]
     step = Step(rate=rate, batches=len(inside))
     p95s = [b.p95_ms for b in inside if b.p95_ms is not None]
@@ -114,20 +134,27 @@ def judge(stairs: list[list[float]], step_s: int, batches: list[Batch],
 
 def summarise(result: Result) -> None:
     """The sustainable rate: the last step before the first one that is not (the
-    unloaded step counts); p95 at half: two √2-steps below it."""
+    unloaded step counts); p95 at half: the step at half of it (two √2-steps below)."""
     first_bad = next((i for i, s in enumerate(result.steps) if not s.sustainable),
                      len(result.steps))
     if first_bad == 0:
         return
     result.sustainable_rate = result.steps[first_bad - 1].rate
     result.capped = first_bad == len(result.steps) == MAX_STEPS
-    if first_bad >= 3:
-        result.p95_at_half_ms = result.steps[first_bad - 3].p95_ms
+    if first_bad == 1 and len(result.steps) > 1 \
+            and result.steps[1].rate > math.sqrt(2) * result.steps[0].rate * 1.01:
+        # Between the unloaded step and the first climbing one: not measured.
+        result.sustainable_rate = None
+        result.error = (f"not sustainable at {result.steps[1].rate:.0f}/s, the first "
+                        "climbing step: lower --climb-from")
+        return
+    half = result.sustainable_rate / 2
+    result.p95_at_half_ms = next((s.p95_ms for s in result.steps[:first_bad]
+                                  if abs(s.rate - half) <= 0.01 * half), None)
 
 
-def bench_doc(query: str, start: float, stairs: list[list[float]], workers: int
-              ) -> dict[str, Any]:
-    doc = queries.definition(query, start, key_groups=max(4, 2 * workers), keep_output=False)
+def bench_doc(query: str, stairs: list[list[float]], workers: int) -> dict[str, Any]:
+    doc = queries.definition(query, stairs[0][1], key_groups=max(4, 2 * workers), keep_output=False)
     for node in doc["nodes"]:
         if node["type"] == "nexmark":
             node["rate"] = {"kind": "step", "steps": stairs}
@@ -146,7 +173,7 @@ class Staircase:
         self.batches.append(batch)
         while len(self.result.steps) < len(self.stairs):
             k = len(self.result.steps)
-            if batch.t <= self.stairs[k][0] + self.step_s:
+            if batch.t <= span(self.stairs, self.step_s, k)[1]:
                 return True
             step = judge(self.stairs, self.step_s, self.batches,
                          self.result.unloaded_p95_ms, k)
@@ -163,18 +190,17 @@ class Staircase:
 
     @property
     def deadline_s(self) -> float:
-        return self.stairs[-1][0] + self.step_s + 5
+        return span(self.stairs, self.step_s, len(self.stairs) - 1)[1] + 5
 
 
 def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers: int,
-                   start: float, step_s: int) -> Result:
+                   stairs: list[list[float]], step_s: int) -> Result:
     result = Result(query, "streamwise", workers)
-    stairs = staircase(start, step_s)
-    doc = bench_doc(query, start, stairs, workers)
+    doc = bench_doc(query, stairs, workers)
     watch = Staircase(result, stairs, step_s)
     run = RunnerProcess(work / f"sw-{query}-{workers}", master, doc, redis_url,
                         token=f"nxb{query}{workers}", max_workers=workers,
-                        initial_workers=workers)
+                        initial_workers=workers, executor_memory=EXECUTOR_MEMORY)
     with run:
         seen = 0
         go = True
@@ -193,12 +219,11 @@ def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers:
     return result
 
 
-def run_plain(master: str, work: Path, query: str, workers: int, start: float,
-              step_s: int) -> Result:
+def run_plain(master: str, work: Path, query: str, workers: int,
+              stairs: list[list[float]], step_s: int) -> Result:
     result = Result(query, "plain", workers)
-    stairs = staircase(start, step_s)
     watch = Staircase(result, stairs, step_s)
-    doc = bench_doc(query, start, stairs, workers)
+    doc = bench_doc(query, stairs, workers)
     where = work / f"plain-{query}-{workers}"
     where.mkdir(parents=True, exist_ok=True)
     (where / "doc.json").write_text(json.dumps(doc))
@@ -233,7 +258,7 @@ def plain_main(master: str, where: Path, workers: int) -> int:
     from pipelines.runtime.source import OBSERVATION
 
     spec = definition.validate(json.loads((where / "doc.json").read_text()))
-    spark = build_session(master, "nexmark-plain", workers, "2g")
+    spark = build_session(master, "nexmark-plain", workers, EXECUTOR_MEMORY)
     apply_run_conf(spark, spec)
     deadline = time.time() + 120
     while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1 < workers:
@@ -311,7 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="1,2", help="executor counts (1-core each)")
     ap.add_argument("--start", type=float, default=100.0,
                     help="the first (unloaded) step, events/s")
-    ap.add_argument("--step-s", type=int, default=12, help="whole seconds per step")
+    ap.add_argument("--climb-from", type=float, default=800.0,
+                    help="the first step above the unloaded one, events/s (then x√2)")
+    ap.add_argument("--step-s", type=int, default=10, help="whole seconds per step")
+    ap.add_argument("--unloaded-s", type=int, default=24,
+                    help="whole seconds of the unloaded step (Spark warms up in it)")
     ap.add_argument("--systems", default="streamwise,plain")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -329,8 +358,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--workers takes 1 and/or 2 (this machine has 2 cores)")
     if not set(systems) <= {"streamwise", "plain"} or not systems:
         ap.error("--systems takes streamwise and/or plain")
-    if not 1 <= args.start <= 100_000 or not 4 <= args.step_s <= 600:
-        ap.error("need 1 <= --start <= 100000 and 4 <= --step-s <= 600")
+    if not 1 <= args.start <= args.climb_from <= 1_000_000 or not 4 <= args.step_s <= 600 \
+            or not 4 <= args.unloaded_s <= 600:
+        ap.error("need 1 <= --start <= --climb-from <= 1000000 and 4 <= --step-s, "
+                 "--unloaded-s <= 600")
+    stairs = staircase(args.start, args.step_s, climb_from=args.climb_from,
+                       unloaded_s=args.unloaded_s)
     work = Path(tempfile.mkdtemp(prefix="streamwise-nexmark-bench-"))
     log(f"starting an embedded Spark cluster in {work} ...")
     info = cluster.start(work / "spark")
@@ -344,9 +377,9 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         if system == "streamwise":
                             r = run_streamwise(info.master_url, work, args.redis_url, query,
-                                               w, args.start, args.step_s)
+                                               w, stairs, args.step_s)
                         else:
-                            r = run_plain(info.master_url, work, query, w, args.start,
+                            r = run_plain(info.master_url, work, query, w, stairs,
                                           args.step_s)
                     except HarnessError as exc:
                         r = Result(query, system, w, error=str(exc))
