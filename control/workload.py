@@ -48,13 +48,37 @@ def data_root() -> Path:
     return Path(os.environ.get("STREAMWISE_DATA_ROOT", str(default)))
 
 
-def resolve_data_path(name: str | Path) -> Path:
-    p = Path(name)
-    return p if p.is_absolute() else data_root() / p
-
-
 class WorkloadError(ValueError):
     """A schedule or distribution that cannot be built (bad file, bad numbers)."""
+
+
+# The shipped files are a few KiB; a trace of a day at one rate a second is ~1 MiB.
+MAX_DATA_FILE_BYTES = 16 * 1024 * 1024
+
+
+def resolve_data_path(name: str | Path) -> Path:
+    """A trace or key-distribution file named in a definition, as a path inside the data
+    root: relative, no ``..``, still inside the root once links are followed, a regular
+    file (not a device or a pipe) of at most ``MAX_DATA_FILE_BYTES``. A definition comes
+    from a web form and the web process reads the file to validate it: nothing outside
+    the root is opened, and a name outside it is refused before the file system is
+    asked, so the answer says nothing about what exists there."""
+    text = str(name)
+    relative = Path(text)
+    if relative.is_absolute() or ".." in relative.parts or "\0" in text:
+        raise WorkloadError(f"cannot read {text!r}: data files are named relative to the "
+                            "data root, without '..'")
+    root = data_root().resolve()
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root):
+        raise WorkloadError(f"cannot read {text!r}: it leads outside the data root")
+    if not path.is_file():
+        raise WorkloadError(f"cannot read {text!r}: no such file in the data root")
+    size = path.stat().st_size
+    if size > MAX_DATA_FILE_BYTES:
+        raise WorkloadError(f"cannot read {text!r}: {size:,} bytes, more than the "
+                            f"{MAX_DATA_FILE_BYTES:,} a data file may have")
+    return path
 
 
 def splitmix64(counter: np.ndarray, stream: int, seed: int) -> np.ndarray:

@@ -76,6 +76,57 @@ def test_bad_files_give_clear_errors(tmp_path) -> None:
         wl.read_key_distribution(tmp_path / "missing")
 
 
+def test_a_data_file_is_a_regular_file_inside_the_data_root(tmp_path, monkeypatch) -> None:
+    """A definition's trace or key file: traversal, absolute paths, links out of the root,
+    devices, pipes and oversized files are refused with one line, before anything
+    outside the root is opened; a definition naming one is refused at that field."""
+    import os
+
+    from pipelines.runtime import definition
+
+    root = tmp_path / "data"
+    (root / "traces").mkdir(parents=True)
+    (root / "traces" / "ok").write_text("2\n0 100\n1 200\n")
+    (root / "escape").symlink_to("/etc")
+    (root / "zero").symlink_to("/dev/zero")
+    os.mkfifo(root / "pipe")
+    with open(root / "huge", "wb") as f:  # sparse: no disk used
+        f.truncate(wl.MAX_DATA_FILE_BYTES + 1)
+    monkeypatch.setenv("STREAMWISE_DATA_ROOT", str(root))
+    assert wl.resolve_data_path("traces/ok") == (root / "traces" / "ok").resolve()
+    assert wl.read_rate_trace(wl.resolve_data_path("traces/ok")) == [100.0, 200.0]
+    refused = {
+        "traces/../../../../etc/shadow": "without '..'",
+        "/etc/shadow": "without '..'",
+        "/dev/zero": "without '..'",
+        "escape/hostname": "outside the data root",
+        "zero": "outside the data root",
+        "pipe": "no such file",
+        "traces": "no such file",
+        "traces/missing": "no such file",
+        "huge": "more than the",
+    }
+    for name, words in refused.items():
+        with pytest.raises(wl.WorkloadError, match="cannot read") as exc:
+            wl.resolve_data_path(name)
+        assert words in str(exc.value) and "\n" not in str(exc.value), name
+    # An existing and a missing file outside the root get the same answer.
+    assert str(pytest.raises(wl.WorkloadError, wl.resolve_data_path, "../etc/passwd").value) \
+        .replace("passwd", "X") == str(pytest.raises(
+            wl.WorkloadError, wl.resolve_data_path, "../etc/nope").value).replace("nope", "X")
+    doc = {"source": {"type": "generator", "seed": 1, "partitions": 1,
+                      "rate": {"kind": "trace", "file": "../../etc/shadow"},
+                      "keys": {"kind": "uniform", "n": 4}},
+           "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
+                          "field": "value"}],
+           "sink": {"type": "latency"}, "key_groups": 2}
+    with pytest.raises(definition.DefinitionError) as bad:
+        definition.validate(doc)
+    assert bad.value.path == "source.rate.file" and "without '..'" in bad.value.message
+    doc["source"]["rate"]["file"] = "traces/ok"
+    assert definition.validate(doc).schedule().rate_at(1.5) == 200.0
+
+
 def test_reader_partitions_cover_the_offsets_and_replay_identically() -> None:
     from pipelines.runtime import definition, source
 
