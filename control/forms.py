@@ -5,17 +5,16 @@ import json
 from django import forms
 from django.conf import settings
 
-from control import lab, live, sim
+from control import jsonio, lab, live, sim
 from control.models import Policy
 
 
 def json_from_field(text: str | None) -> object:
     """A textarea's JSON (empty means {}), or a form error naming line and column."""
     try:
-        return json.loads((text or "").strip() or "{}")
-    except json.JSONDecodeError as exc:
-        raise forms.ValidationError(
-            f"Invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from exc
+        return jsonio.loads((text or "").strip() or "{}")
+    except jsonio.InputError as exc:
+        raise forms.ValidationError(str(exc)[0].upper() + str(exc)[1:]) from exc
 
 
 class PolicyForm(forms.ModelForm):

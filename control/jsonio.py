@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -10,14 +11,45 @@ class InputError(ValueError):
     """Bad CLI input; the message is the one line printed after ``error:``."""
 
 
+MAX_DIGITS = 18  # every whole number the product takes fits a 64-bit integer
+
+
+def _whole(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_DIGITS:
+        raise InputError(f"invalid JSON: the number {text[:12]}... has more than "
+                         f"{MAX_DIGITS} digits")
+    return int(text)
+
+
+def _real(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputError(f"invalid JSON: the number {text[:12]} is out of range")
+    return value
+
+
+def _constant(name: str) -> Any:
+    raise InputError(f"invalid JSON: {name} is not a number JSON allows")
+
+
+def loads(text: str) -> Any:
+    """JSON as the standard says it: no NaN or Infinity, no number out of a double's
+    range, no whole number past 64 bits (Python would take them, and they fail later,
+    deep in a computation or as a server error); every error one line."""
+    try:
+        return json.loads(text, parse_int=_whole, parse_float=_real,
+                          parse_constant=_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: "
+                         f"{exc.msg}") from exc
+    except RecursionError as exc:
+        raise InputError("invalid JSON: nested too deeply") from exc
+
+
 def read_json(path: str | None) -> Any:
     """The JSON document in ``path``, or on stdin for ``-`` / None."""
     try:
         text = sys.stdin.read() if path in (None, "-") else open(path).read()
     except OSError as exc:
         raise InputError(f"cannot read {path}: {exc.strerror}") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: "
-                         f"{exc.msg}") from exc
+    return loads(text)

@@ -52,6 +52,26 @@ def test_json_syntax_error_gives_line_and_column() -> None:
         pdef.parse('{"source":\n  {oops}')
 
 
+@pytest.mark.parametrize("text, words", [
+    ('{"key_groups": 1' + "0" * 5000 + "}", "more than 18 digits"),
+    ('{"key_groups": 10000000000000000000}', "more than 18 digits"),
+    ('{"key_groups": NaN}', "NaN is not a number JSON allows"),
+    ('{"key_groups": -Infinity}', "-Infinity is not a number JSON allows"),
+    ('{"key_groups": 1e999}', "out of range"),
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+])
+def test_numbers_json_does_not_allow_are_one_line_errors(text, words) -> None:
+    """Python's json takes NaN, Infinity and whole numbers of any length: they failed
+    later, as a server error (int/float limits) or deep in a computation."""
+    with pytest.raises(pdef.DefinitionError) as exc:
+        pdef.parse(text)
+    assert words in exc.value.message and "\n" not in exc.value.message
+    assert len(exc.value.message) < 200
+    # A whole number past a double's range given as a dict (not JSON text) is a field error.
+    with pytest.raises(pdef.DefinitionError, match="key_groups: must be a number"):
+        pdef.validate({**GOOD, "key_groups": 10 ** 400})
+
+
 def test_demo_and_all_rate_kinds_validate() -> None:
     assert pdef.validate(GOOD).key_groups == 8
     for rate in ({"kind": "constant", "records_per_s": 10},
@@ -81,6 +101,12 @@ def test_pipeline_form_shows_definition_errors_and_keeps_stored_version() -> Non
     pipeline.refresh_from_db()
     assert pipeline.definition == GOOD and pipeline.version == 1
 
+    huge = json.dumps(GOOD).replace('"key_groups": 8', '"key_groups": 1' + "0" * 5000)
+    form = PipelineForm({"name": "p", "description": "", "definition": huge},
+                        instance=pipeline)
+    assert not form.is_valid()
+    assert "more than 18 digits" in form.errors["definition"][0]
+
     form = PipelineForm({"name": "p", "description": "",
                          "definition": json.dumps(broken(["key_groups"], 16))},
                         instance=pipeline)
@@ -102,6 +128,8 @@ def test_pipeline_form_shows_definition_errors_and_keeps_stored_version() -> Non
     ("strategy", "oracle", "not one of the available choices"),
     ("strategy_params", "[1, 2]", "JSON object"),
     ("strategy_params", "{bad", "Invalid JSON"),
+    ("strategy_params", '{"alpha": NaN}', "NaN is not a number JSON allows"),
+    ("strategy_params", '{"horizon": 1' + "0" * 5000 + "}", "more than 18 digits"),
 ])
 def test_policy_form_rejects_out_of_range(field, value, message) -> None:
     from control.forms import PolicyForm

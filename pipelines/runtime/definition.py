@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from control import jsonio
 from control import workload as wl
 from control.workload import resolve_data_path
 from pipelines.runtime import dataflow
@@ -137,6 +138,13 @@ def _choice(doc: dict[str, Any], key: str, path: str, choices: tuple[str, ...],
     return str(val)
 
 
+def _finite(val: float) -> bool:
+    try:
+        return math.isfinite(val)
+    except OverflowError:  # a whole number past a double's range
+        return False
+
+
 def _number(doc: dict[str, Any], key: str, path: str, *, lo: float | None = None,
             hi: float | None = None, default: float | None = None, integer: bool = False,
             lo_open: bool = False) -> float:
@@ -146,8 +154,8 @@ def _number(doc: dict[str, Any], key: str, path: str, *, lo: float | None = None
             return default
         raise DefinitionError(where, "is required")
     val = doc[key]
-    if isinstance(val, bool) or not isinstance(val, (int, float)) or not math.isfinite(val):
-        raise DefinitionError(where, f"must be a number, got {json.dumps(val)}")
+    if isinstance(val, bool) or not isinstance(val, (int, float)) or not _finite(val):
+        raise DefinitionError(where, f"must be a number, got {json.dumps(val)[:40]}")
     if integer and int(val) != val:
         raise DefinitionError(where, f"must be a whole number, got {val}")
     if lo is not None and (val <= lo if lo_open else val < lo):
@@ -463,10 +471,9 @@ def picture(spec: PipelineSpec) -> dataflow.Picture:
 def parse(text: str) -> PipelineSpec:
     """Parse JSON text and validate it; JSON syntax errors name line and column."""
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DefinitionError("", f"invalid JSON at line {exc.lineno}, column {exc.colno}: "
-                              f"{exc.msg}") from exc
+        doc = jsonio.loads(text)
+    except jsonio.InputError as exc:
+        raise DefinitionError("", str(exc)) from exc
     return validate(doc)
 
 
