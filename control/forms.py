@@ -5,7 +5,7 @@ import json
 from django import forms
 from django.conf import settings
 
-from control import jsonio, lab, live, sim
+from control import jsonio, lab, live, sim, webhooks
 from control.models import Policy
 
 
@@ -46,6 +46,15 @@ class PolicyForm(forms.ModelForm):
         if not isinstance(value, dict):
             raise forms.ValidationError("Must be a JSON object, e.g. {} or {\"horizon\": 2}.")
         return value
+
+    def clean_alert_webhook(self) -> str:
+        url = self.cleaned_data.get("alert_webhook") or ""
+        if url:
+            try:
+                webhooks.check(url, settings.WEBHOOK_ALLOWED_HOSTS)
+            except webhooks.WebhookRefused as exc:
+                raise forms.ValidationError(f"Not usable as a webhook: {exc}.") from exc
+        return url
 
     def clean_max_workers(self) -> int:
         n = self.cleaned_data["max_workers"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 import logging
 
 from celery import shared_task
+from django.conf import settings
 
-from control import lab, live, loop
+from control import lab, live, loop, webhooks
 from control.models import Decision
 from pipelines.models import RunStatus
 from pipelines.tasks import send_and_wait
@@ -56,15 +57,10 @@ def apply_decision(decision_id: int) -> str:
 
 @shared_task
 def send_webhook(url: str, payload: dict) -> str:
-    """POST an alert as JSON; a receiver that fails is logged, never retried forever."""
-    import json
-    import urllib.request
-
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            return f"{resp.status}"
-    except OSError as exc:
-        log.warning("alert webhook %s failed: %s", url, exc)
-        return f"failed: {exc}"
+    """POST an alert as signed JSON to a public address (control/webhooks.py); a
+    receiver that fails or is refused is logged, never retried forever."""
+    outcome = webhooks.post(url, payload, settings.WEBHOOK_SECRET.encode(),
+                            settings.WEBHOOK_ALLOWED_HOSTS, settings.WEBHOOK_DEADLINE_S)
+    if not outcome.startswith("2"):
+        log.warning("alert webhook %s: %s", url, outcome)
+    return outcome

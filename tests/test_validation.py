@@ -128,6 +128,10 @@ def test_pipeline_form_shows_definition_errors_and_keeps_stored_version() -> Non
     ("strategy", "oracle", "not one of the available choices"),
     ("strategy_params", "[1, 2]", "JSON object"),
     ("strategy_params", "{bad", "Invalid JSON"),
+    ("alert_webhook", "http://127.0.0.1:8080/api/v1/submissions/kill/x",
+     "not a public address"),
+    ("alert_webhook", "http://169.254.169.254/latest/meta-data/", "not a public address"),
+    ("alert_webhook", "ftp://203.0.113.9/alerts", "http or https, not ftp"),
     ("strategy_params", '{"alpha": NaN}', "NaN is not a number JSON allows"),
     ("strategy_params", '{"horizon": 1' + "0" * 5000 + "}", "more than 18 digits"),
 ])

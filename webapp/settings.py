@@ -3,6 +3,7 @@ environment: DATABASE_URL (default SQLite under var/), REDIS_URL, SPARK_MASTER_U
 ("embedded" = the cluster `manage.py up` starts), CHECKPOINT_ROOT, SECRET_KEY, DEBUG."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -111,6 +112,15 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Cores the embedded Spark worker offers (1-core executors): a policy cannot ask for more.
 CLUSTER_CORES = int(os.environ.get("CLUSTER_CORES", "8"))
+
+# Alert webhooks (control/webhooks.py): public addresses only, except these hosts (an
+# administrator's choice, e.g. an in-house alert receiver); bodies are signed with
+# WEBHOOK_SECRET (default: derived from SECRET_KEY).
+WEBHOOK_ALLOWED_HOSTS = [h.strip().lower() for h in
+                         os.environ.get("WEBHOOK_ALLOWED_HOSTS", "").split(",") if h.strip()]
+WEBHOOK_SECRET = os.environ.get("WEBHOOK_SECRET") or hashlib.sha256(
+    f"streamwise-webhooks:{SECRET_KEY}".encode()).hexdigest()
+WEBHOOK_DEADLINE_S = float(os.environ.get("WEBHOOK_DEADLINE_S", "10"))
 
 SPARK_MASTER_URL = os.environ.get("SPARK_MASTER_URL", "embedded")
 SPARK_DIR = Path(os.environ.get("SPARK_DIR", VAR_DIR / "spark"))
