@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -20,7 +21,30 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 DEBUG = env_bool("DEBUG", False)
-SECRET_KEY = os.environ.get("SECRET_KEY") or "dev-only-insecure-key-set-SECRET_KEY-in-production"
+
+
+def _installation_secret(path: Path) -> str:
+    """This installation's own secret, made once and kept (mode 0600) under var/: every
+    process of one installation (web, Celery, relay, runners) reads the same one, and
+    no two installations share it (a public default key would let anyone forge
+    sessions)."""
+    if not path.exists():
+        # Written whole, then linked into place: processes starting together all read
+        # the one that won, never a half-written file.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(50))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
+
+
+SECRET_KEY = os.environ.get("SECRET_KEY") or _installation_secret(VAR_DIR / "secret_key")
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 
 INSTALLED_APPS = [
