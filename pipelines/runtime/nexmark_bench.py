@@ -154,7 +154,8 @@ def summarise(result: Result) -> None:
 
 
 def bench_doc(query: str, stairs: list[list[float]], workers: int) -> dict[str, Any]:
-    doc = queries.definition(query, stairs[0][1], key_groups=max(4, 2 * workers), keep_output=False)
+    doc = queries.definition(query, stairs[0][1], key_groups=max(4, 2 * workers),
+                             keep_output=False)
     for node in doc["nodes"]:
         if node["type"] == "nexmark":
             node["rate"] = {"kind": "step", "steps": stairs}
