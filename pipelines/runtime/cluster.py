@@ -77,9 +77,14 @@ def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     web_port, worker_web = free_port(), free_port()
+    # The master's REST submission gateway (6066, no authentication: anyone who reaches
+    # it runs code) and the web UIs' kill links are off; nothing here needs them.
     env = dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=HOST,
                SPARK_WORKER_DIR=str(workdir / "work"), SPARK_LOG_DIR=str(workdir / "logs"),
-               PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
+               PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
+               SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false "
+                                 "-Dspark.ui.killEnabled=false",
+               SPARK_WORKER_OPTS="-Dspark.ui.killEnabled=false")
     spark_class = str(spark_home() / "bin" / "spark-class")
     master = _spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
                      "--port", str(port), "--webui-port", str(web_port)],

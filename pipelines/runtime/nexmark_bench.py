@@ -115,9 +115,11 @@ def judge(stairs: list[list[float]], step_s: int, batches: list[Batch],
           unloaded_p95: float | None, k: int) -> Step:
     at, end = span(stairs, step_s, k)
     rate = stairs[k][1]
-    # The unloaded step holds Spark's warm-up (first batches start Python workers):
-    # judged on its second half only.
-    lo, hi = at + (0.5 if k == 0 else WARM_FRACTION) * (end - at), end
+    # The unloaded step holds Spark's warm-up (the first batches start Python workers
+    # and state stores: 13-17 s for a join's first batch here): judged on its last
+    # step_s seconds only.
+    lo = max(at, end - step_s) if k == 0 else at + WARM_FRACTION * (end - at)
+    hi = end
     inside = [b for b in batches if lo < b.t <= hi]
     step = Step(rate=rate, batches=len(inside))
     p95s = [b.p95_ms for b in inside if b.p95_ms is not None]
@@ -340,8 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--climb-from", type=float, default=800.0,
                     help="the first step above the unloaded one, events/s (then x√2)")
     ap.add_argument("--step-s", type=int, default=10, help="whole seconds per step")
-    ap.add_argument("--unloaded-s", type=int, default=24,
-                    help="whole seconds of the unloaded step (Spark warms up in it)")
+    ap.add_argument("--unloaded-s", type=int, default=40,
+                    help="whole seconds of the unloaded step: Spark warms up in it, and "
+                    "its last --step-s seconds give the unloaded p95")
     ap.add_argument("--systems", default="streamwise,plain")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")

@@ -39,6 +39,7 @@ def build_session(master_url: str, app_name: str, max_workers: int,
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
         .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.killEnabled", "false")  # no kill links on the driver's UI
         .config("spark.cores.max", str(max_workers))
         .config("spark.executor.cores", "1")
         .config("spark.executor.memory", executor_memory)
