@@ -7,6 +7,7 @@ import json
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -285,3 +286,52 @@ def test_the_bench_staircase_climbs_from_a_given_rate_after_the_unloaded_step() 
     assert climbed.sustainable_rate == 1600.0 and climbed.p95_at_half_ms == 60
     too_high = judged([50, 101, 101, 101, 101, 101])
     assert too_high.sustainable_rate is None and "lower --climb-from" in too_high.error
+
+
+def test_the_bench_takes_the_unloaded_p95_from_the_first_climbing_step_when_lower() -> None:
+    """A join still catching up at the end of the unloaded step (its p95 30 s) must not
+    make "2x unloaded" a minute: the first climbing step's p95 is the floor when lower,
+    and that step is then judged on its backlog only."""
+    from pipelines.runtime import nexmark_bench as nb
+
+    stairs = nb.staircase(100, 10, steps=6, climb_from=800, unloaded_s=10)
+    result = nb.Result("Q4", "plain", 1)
+    watch = nb.Staircase(result, stairs, 10, cpu_s=lambda: 0.0)
+    p95 = {0: 30_000, 1: 4000, 2: 5000, 3: 9000, 4: 20_000, 5: 20_000}
+    for tenth in range(1, 600):
+        t = tenth / 10 + 0.05
+        if not watch.add(nb.Batch(t=t, p95_ms=p95[int(t // 10)], backlog=0, rows=10)):
+            break
+    assert result.unloaded_p95_ms == 4000
+    assert [s.sustainable for s in result.steps] == [True, True, True, False]
+    assert result.steps[1].rows == 1000  # 100 batches of 10 records ended in step 1
+
+
+def test_the_bench_counts_cpu_of_a_process_tree_and_compares_it_per_event() -> None:
+    """``tree_cpu_s`` sees a child's CPU (read from /proc); ``cpu_per_1k`` compares the
+    two systems over the climbing steps both held."""
+    from pipelines.runtime import nexmark_bench as nb
+
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import time\nt = time.process_time()\n"
+                              "while time.process_time() - t < 0.5: pass\n"
+                              "time.sleep(30)"])
+    try:
+        before = nb.tree_cpu_s([child.pid])
+        deadline = time.monotonic() + 60
+        while nb.tree_cpu_s([child.pid]) - before < 0.3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert nb.tree_cpu_s([child.pid]) - before >= 0.3
+        assert nb.tree_cpu_s([child.pid], exclude_roots=(child.pid,)) == 0.0
+    finally:
+        child.kill()
+        child.wait()
+
+    def steps(cpu: list[float], held: int) -> list[nb.Step]:
+        return [nb.Step(rate=100 * 2 ** k, sustainable=k < held, rows=1000 * 2 ** k,
+                        cpu_s=c) for k, c in enumerate(cpu)]
+    sw = nb.Result("Q0", "streamwise", 1, steps=steps([9.0, 1.1, 2.2, 4.4], held=3))
+    plain = nb.Result("Q0", "plain", 1, steps=steps([9.0, 1.0, 2.0, 4.0, 8.0], held=4))
+    # steps 1 and 2 both held: 3.3 s vs 3.0 s of CPU over 6,000 events each
+    assert nb.cpu_per_1k(sw, plain) == (550.0, 500.0)
+    assert "| 550.0 / 500.0 | 1.10 |" in nb.table([sw, plain])
