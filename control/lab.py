@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import transaction
 
+from audit import log as audit
 from control import live, sim
 from control.sim import engine
 from control.models import MAX_WORKERS_LIMIT, LabRun, LabStatus, Policy
@@ -48,6 +49,7 @@ def execute(lab_id: int) -> str:
     if not claimed:
         return f"lab {lab_id} is not pending: ignored"
     lab = LabRun.objects.get(pk=lab_id)
+    _status_changed(lab, LabStatus.PENDING, LabStatus.RUNNING)
     started = time.perf_counter()
     last = [0.0]
 
@@ -61,15 +63,25 @@ def execute(lab_id: int) -> str:
         result = sim.simulate(lab.scenario, progress=progress)
     except sim.ScenarioError as exc:
         LabRun.objects.filter(pk=lab_id).update(status=LabStatus.FAILED, error=str(exc))
+        _status_changed(lab, LabStatus.RUNNING, LabStatus.FAILED, str(exc))
         return f"lab {lab_id} failed: {exc}"
     except Exception as exc:  # noqa: BLE001 - stored for the operator, then re-raised
         LabRun.objects.filter(pk=lab_id).update(status=LabStatus.FAILED,
                                                 error=f"{type(exc).__name__}: {exc}")
+        _status_changed(lab, LabStatus.RUNNING, LabStatus.FAILED,
+                        f"{type(exc).__name__}: {exc}")
         raise
     LabRun.objects.filter(pk=lab_id).update(
         status=LabStatus.DONE, result=result, progress=lab.total,
         duration_s=time.perf_counter() - started)
+    _status_changed(lab, LabStatus.RUNNING, LabStatus.DONE)
     return f"lab {lab_id} done"
+
+
+def _status_changed(lab: LabRun, was: str, now: str, message: str = "") -> None:
+    """Status changes are QuerySet updates (no save signal): audited here."""
+    audit.record("changed", lab, before={"status": was}, after={"status": now},
+                 message=message, actor="system")
 
 
 def _ordered(keys: list[str], canonical: list[str]) -> list[str]:

@@ -233,9 +233,11 @@ def finish(decision_id: int, ok: bool, message: str) -> None:
 
 
 def set_dry_run(run: Run, on: bool, user: Any) -> None:
+    was = run.dry_run
     Run.objects.filter(pk=run.pk).update(dry_run=on)
     run.refresh_from_db()
     kind, message = ((EventKind.DRY_RUN_ON, "controller decides and shows, does not act")
                      if on else (EventKind.DRY_RUN_OFF, "controller acts on its decisions"))
-    actions.record_event(run, kind, actions.actor_for(user), message)
+    actions.record_event(run, kind, actions.actor_for(user), message,
+                         before={"dry_run": was}, after={"dry_run": on})
     actions.push(run.pk, {"type": "run.status", "run": actions.run_state(run)})

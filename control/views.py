@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -12,13 +13,16 @@ from control.models import LabRun, LabStatus, Policy
 
 
 @login_required
+@permission_required("control.view_policy", raise_exception=True)
 def policy_list(request: HttpRequest) -> HttpResponse:
     return render(request, "control/policy_list.html", {"policies": Policy.objects.all()})
 
 
 @login_required
-@permission_required("control.change_policy", raise_exception=True)
 def policy_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
+    # Creating needs add_policy, editing change_policy.
+    if not request.user.has_perm("control.change_policy" if pk else "control.add_policy"):
+        raise PermissionDenied
     policy = get_object_or_404(Policy, pk=pk) if pk else None
     form = PolicyForm(request.POST or None, instance=policy)
     if request.method == "POST" and form.is_valid():
@@ -32,11 +36,13 @@ def policy_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
 
 
 @login_required
+@permission_required("control.view_labrun", raise_exception=True)
 def lab_list(request: HttpRequest) -> HttpResponse:
     return render(request, "control/lab_list.html", {"labs": LabRun.objects.all()[:100]})
 
 
 @login_required
+@permission_required("control.add_labrun", raise_exception=True)
 def lab_new(request: HttpRequest) -> HttpResponse:
     form = LabForm(request.POST or None, request.FILES or None)
     if request.method == "POST" and form.is_valid():
@@ -46,6 +52,7 @@ def lab_new(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@permission_required("control.view_labrun", raise_exception=True)
 def lab_detail(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(LabRun, pk=pk)
     return render(request, "control/lab_detail.html",
@@ -53,6 +60,7 @@ def lab_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
+@permission_required("control.view_labrun", raise_exception=True)
 def lab_status(request: HttpRequest, pk: int) -> JsonResponse:
     run = get_object_or_404(LabRun, pk=pk)
     return JsonResponse({"status": run.status, "progress": run.progress, "total": run.total,
@@ -60,6 +68,7 @@ def lab_status(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 @login_required
+@permission_required("control.view_labrun", raise_exception=True)
 def lab_bundle(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(LabRun, pk=pk)
     if run.status != LabStatus.DONE:

@@ -13,6 +13,7 @@ from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from audit import log as audit
 from control.models import Policy
 from pipelines.models import (
     TRANSITIONS,
@@ -83,10 +84,14 @@ def save_pipeline(pipeline: Pipeline, user: Any) -> Pipeline:
 
 # ---------------------------------------------------------------------------- runs
 def record_event(run: Run, kind: str, actor: str, message: str = "",
-                 payload: dict[str, Any] | None = None, source_id: str = "") -> RunEvent | None:
+                 payload: dict[str, Any] | None = None, source_id: str = "",
+                 before: dict[str, Any] | None = None,
+                 after: dict[str, Any] | None = None) -> RunEvent | None:
     """Audit one event of ``run`` and push it to its page. An event relayed from the
     runner carries its stream entry id (``source_id``) and is recorded once, even when two
-    relays (e.g. one restarting while the old one drains) deliver it at the same time."""
+    relays (e.g. one restarting while the old one drains) deliver it at the same time.
+    The event is also an entry of the audit log (``run.<kind>``: ``before`` → ``after``,
+    by default the payload)."""
     kind = EventKind.check(kind)  # ValueError for a kind outside the audit vocabulary
     if source_id and RunEvent.objects.filter(run=run, source_id=source_id).exists():
         return None
@@ -95,6 +100,9 @@ def record_event(run: Run, kind: str, actor: str, message: str = "",
             event = RunEvent.objects.create(run=run, kind=kind, actor=actor,
                                             message=message, payload=payload or {},
                                             source_id=source_id)
+            audit.record(f"run.{kind}", run, message=message, before=before,
+                         after=after if after is not None else payload or None,
+                         actor=actor)
     except IntegrityError:
         if not source_id:
             raise
@@ -126,17 +134,25 @@ def transition(run: Run, to: str, actor: str, reason: str = "",
         updates.setdefault("started_at", now)
     if to in (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST):
         updates["ended_at"] = now
+    was = run.status
     changed = Run.objects.filter(pk=run.pk, status__in=allowed_from).update(**updates)
     run.refresh_from_db()
     if changed:
-        record_event(run, EventKind.status(to), actor, reason or f"status is now {to}")
+        record_event(run, EventKind.status(to), actor, reason or f"status is now {to}",
+                     before={"status": was}, after={"status": to})
         push(run.pk, {"type": "run.status", "run": run_state(run)})
     return bool(changed)
 
 
 def update_config(run: Run, **fields: Any) -> None:
+    """Store what the runner reports about its configuration (audited when it changed)."""
+    before = {k: getattr(run, k) for k in fields}
     Run.objects.filter(pk=run.pk).update(**fields)
     run.refresh_from_db()
+    changed = [k for k in fields if getattr(run, k) != before[k]]
+    if changed:
+        audit.record("run.configured", run, before={k: before[k] for k in changed},
+                     after={k: getattr(run, k) for k in changed}, actor="runner")
     push(run.pk, {"type": "run.status", "run": run_state(run)})
 
 

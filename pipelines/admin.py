@@ -39,6 +39,9 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ("status",)
     inlines = [EventInline]
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # deleting a run would delete its audit trail (RunEvent)
+
 
 @admin.register(RunEvent)
 class RunEventAdmin(admin.ModelAdmin):
@@ -46,6 +49,9 @@ class RunEventAdmin(admin.ModelAdmin):
     list_filter = ("kind",)
 
     def has_change_permission(self, request, obj=None):
+        return False  # append-only
+
+    def has_delete_permission(self, request, obj=None):
         return False  # append-only
 
 

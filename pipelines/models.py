@@ -201,6 +201,9 @@ class RunEvent(models.Model):
             raise ValueError("RunEvent is append-only")
         super().save(*args, **kwargs)
 
+    def delete(self, *args, **kwargs):
+        raise ValueError("RunEvent is append-only")
+
     def as_dict(self) -> dict:
         return {"id": self.pk, "at": self.at.isoformat(), "kind": self.kind, "actor": self.actor,
                 "message": self.message, "payload": self.payload}

@@ -27,6 +27,7 @@ from pipelines.runtime.definition import DEMO_DEFINITION
 
 
 @login_required
+@permission_required("pipelines.view_pipeline", raise_exception=True)
 def pipeline_list(request: HttpRequest) -> HttpResponse:
     return render(request, "pipelines/pipeline_list.html", {
         "pipelines": Pipeline.objects.all(), "policies": Policy.objects.all()})
@@ -67,6 +68,7 @@ def _picture(doc: Any) -> Any:
 
 
 @login_required
+@permission_required("pipelines.view_run", raise_exception=True)
 def run_list(request: HttpRequest) -> HttpResponse:
     runs = Run.objects.select_related("pipeline_version__pipeline", "policy")[:200]
     return render(request, "pipelines/run_list.html",
@@ -88,6 +90,7 @@ def run_start(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@permission_required("pipelines.view_run", raise_exception=True)
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("pipeline_version__pipeline", "policy"),
                             pk=pk)

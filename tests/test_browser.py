@@ -141,3 +141,43 @@ def test_a_dataflow_pipeline_page_draws_its_dag_and_refuses_an_unknown_input(
     assert "nodes[3] (joined).left" in error and "unknown node 'ghost'" in error
     pipeline.refresh_from_db()
     assert pipeline.definition["nodes"][3]["left"] == "sellers"  # nothing stored is lost
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_viewer_sees_no_control_and_an_operator_sees_them_all(live_stack, browser) -> None:
+    """Issue 17: the page shows no control the role cannot use (Chromium, real daphne)."""
+    from django.contrib.auth.models import Group, Permission, User
+
+    from accounts.roles import sync_roles
+    from pipelines.models import Run
+    from tests.conftest import make_pipeline_and_policy
+
+    sync_roles(Group, Permission)
+    for role in ("viewer", "operator"):
+        user = User.objects.create_user(role, password=f"{role}-pass-123")
+        user.groups.add(Group.objects.get(name=role))
+    owner = User.objects.get(username="operator")
+    pipeline, policy = make_pipeline_and_policy(owner, name="roles")
+    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                             status="stopped", created_by=owner)
+    base = live_stack.base_url
+    controls = {f"/runs/{run.pk}/": ["#stop-run", "#set-workers", "#reconfigure-card",
+                                     "#set-dry-run"],
+                "/runs/": ["form[action='/runs/start/']"],
+                "/pipelines/": ["#new-pipeline", "form.start-run", "a[href$='/edit/']"],
+                "/policies/": ["#new-policy", "a[href$='/edit/']"],
+                "/lab/": ["#new-lab"]}
+    for role in ("viewer", "operator"):
+        browser.delete_all_cookies()
+        log_in(browser, base, role, f"{role}-pass-123")
+        for path, selectors in controls.items():
+            browser.get(base + path)
+            WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "whoami"))
+            assert role in browser.find_element(By.ID, "whoami").text
+            for css in selectors:
+                shown = bool(browser.find_elements(By.CSS_SELECTOR, css))
+                assert shown == (role == "operator"), (role, path, css)
+        audit_links = browser.find_elements(By.CSS_SELECTOR, "nav a[href='/audit/']")
+        assert bool(audit_links) == (role == "operator")
+        browser.get(base + "/pipelines/new/")
+        assert (browser.find_elements(By.ID, "save-pipeline") != []) == (role == "operator")

@@ -35,6 +35,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=4401)
             return
+        if not await database_sync_to_async(user.has_perm)("pipelines.view_run"):
+            await self.close(code=4403)  # logged in, but in no role that may watch runs
+            return
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         snapshot = await _snapshot(self.run_id)
         if snapshot is None:

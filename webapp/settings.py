@@ -56,8 +56,11 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "axes",
+    "audit",
     "pipelines",
     "control",
+    "accounts",
 ]
 
 MIDDLEWARE = [
@@ -66,8 +69,10 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "audit.log.ActorMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes asks
 ]
 
 ROOT_URLCONF = "webapp.urls"
@@ -111,6 +116,28 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "run-list"
 LOGOUT_REDIRECT_URL = "login"
+
+# Login throttling (django-axes): after AXES_FAILURE_LIMIT failed logins for one user
+# name from one address, that pair is locked out for AXES_COOLOFF_TIME hours (the
+# login page answers 429); a successful login resets the count.
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend",
+                           "django.contrib.auth.backends.ModelBackend"]
+AXES_FAILURE_LIMIT = int(os.environ.get("AXES_FAILURE_LIMIT", "5"))
+AXES_COOLOFF_TIME = float(os.environ.get("AXES_COOLOFF_HOURS", "0.25"))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
+
+# Cookies: never readable by scripts, not sent cross-site; outside DEBUG only over
+# HTTPS — browsers count http://127.0.0.1 and localhost as secure, so `make run` on
+# loopback keeps working; STREAMWISE_INSECURE_COOKIES=1 for plain http on another name.
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = (
+    not DEBUG and not env_bool("STREAMWISE_INSECURE_COOKIES", False))
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # redis-py 8 defaults socket_timeout to 5 s, exactly channels_redis' BZPOPMIN block

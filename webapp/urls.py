@@ -10,4 +10,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("pipelines.urls")),
     path("", include("control.urls")),
+    path("", include("audit.urls")),
 ]

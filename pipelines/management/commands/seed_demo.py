@@ -4,9 +4,11 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
 from django.core.management.base import BaseCommand, CommandError
 
 from control.models import Policy
+from accounts.roles import ADMIN, sync_roles
 from pipelines import actions
 from pipelines.models import Pipeline
 from pipelines.nexmark import queries as nexmark_queries
@@ -75,6 +77,8 @@ class Command(BaseCommand):
         user.is_staff = user.is_superuser = True
         user.set_password(password)
         user.save()
+        sync_roles(Group, Permission)
+        user.groups.add(Group.objects.get(name=ADMIN))  # shown as its role in the header
         if not Pipeline.objects.filter(name=DEMO_PIPELINE).exists():
             actions.save_pipeline(Pipeline(
                 name=DEMO_PIPELINE, definition=DEMO_DEFINITION,
