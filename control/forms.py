@@ -17,6 +17,9 @@ def json_from_field(text: str | None) -> object:
         raise forms.ValidationError(str(exc)[0].upper() + str(exc)[1:]) from exc
 
 
+# A trace of one rate per second for a day is ~100 KB of CSV.
+MAX_TRACE_UPLOAD_BYTES = 4 * 1024 * 1024
+
 class PolicyForm(forms.ModelForm):
     strategy_params = forms.CharField(
         required=False, initial="{}", widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
@@ -149,6 +152,11 @@ class LabForm(forms.Form):
             upload = data.get("trace_file")
             if upload is None:
                 self.add_error("trace_file", "Upload a CSV trace for this workload.")
+                return data
+            if upload.size > MAX_TRACE_UPLOAD_BYTES:
+                # Django spools a large upload to a temporary file: refused unread.
+                self.add_error("trace_file", f"The trace is {upload.size:,} bytes; at most "
+                               f"{MAX_TRACE_UPLOAD_BYTES:,} are accepted.")
                 return data
             try:
                 rate["rates"] = sim.workloads.parse_csv_trace(

@@ -89,6 +89,10 @@ STANDBY_SPAWN_LOCK = "streamwise:standby:spawning"
 def _runner_env() -> dict[str, str]:
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
     env.pop("DJANGO_SETTINGS_MODULE", None)  # the runner has no Django
+    if settings.SPARK_MASTER_URL == "embedded":
+        # The embedded cluster's shared secret (spark.authenticate); for another cluster
+        # SPARK_AUTH_SECRET_FILE comes from the environment, if that cluster has one.
+        env[cluster.SECRET_ENV] = str(Path(settings.SPARK_DIR) / cluster.SECRET_FILE)
     return env
 
 

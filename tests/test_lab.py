@@ -52,6 +52,12 @@ def test_form_reads_an_uploaded_trace_and_rejects_a_bad_one() -> None:
     bad = SimpleUploadedFile("t.csv", b"rate\n1\nlots\n")
     form = _form({**FORM, "workload": "trace"}, {"trace_file": bad})
     assert not form.is_valid() and "row 3" in form.errors["trace_file"][0]
+    from control.forms import MAX_TRACE_UPLOAD_BYTES
+
+    huge = SimpleUploadedFile("t.csv", b"0,1\n" * (MAX_TRACE_UPLOAD_BYTES // 4 + 1))
+    form = _form({**FORM, "workload": "trace"}, {"trace_file": huge})
+    assert not form.is_valid() and "at most 4,194,304 are accepted" in \
+        form.errors["trace_file"][0]
 
 
 @pytest.mark.django_db

@@ -67,3 +67,66 @@ def test_the_embedded_cluster_listens_on_loopback_only_and_offers_no_rest_gatewa
         assert ports, pid
         assert all(ipaddress.ip_address(a).is_loopback for a, _p in ports), ports
         assert 6066 not in {p for _a, p in ports}, ports
+
+
+APP_PROBE = """
+import os, sys, time
+from pyspark.sql import SparkSession
+builder = (SparkSession.builder.master(sys.argv[1]).appName(sys.argv[2])
+           .config("spark.driver.host", "127.0.0.1")
+           .config("spark.driver.bindAddress", "127.0.0.1")
+           .config("spark.cores.max", "1").config("spark.executor.cores", "1")
+           .config("spark.executor.memory", "512m"))
+if sys.argv[3] != "-":
+    builder = (builder.config("spark.authenticate", "true")
+               .config("spark.authenticate.secret", sys.argv[3]))
+spark = builder.getOrCreate()
+time.sleep(3600)
+"""
+
+
+@pytest.mark.spark
+def test_the_embedded_cluster_admits_only_applications_with_its_secret(
+        spark_cluster: object, tmp_path: Path) -> None:
+    """spark.authenticate: master and worker read the secret from a private file (not
+    their command line); an application without it, or with another one, never
+    registers, and one with it does."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from pipelines.runtime import cluster
+
+    secret_file = Path(spark_cluster.secret_file)
+    assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
+    secret = cluster.read_secret(secret_file)
+    for pid in (spark_cluster.master_pid, spark_cluster.worker_pid):
+        tree = [pid] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children")
+                        .read_text().split()]
+        for p in tree:
+            assert secret not in Path(f"/proc/{p}/cmdline").read_text(), p
+
+    env = {k: v for k, v in os.environ.items() if k != cluster.SECRET_ENV}
+
+    def registered(name: str, secret_arg: str) -> bool:
+        """Whether the master lists the application within 30 s of its start."""
+        proc = subprocess.Popen([sys.executable, "-c", APP_PROBE, spark_cluster.master_url,
+                                 name, secret_arg], env=env, stdout=subprocess.DEVNULL,
+                                stderr=open(tmp_path / f"{name}.log", "wb"))
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                apps = cluster.master_json(spark_cluster.master_web)["activeapps"]
+                if any(a["name"] == name for a in apps):
+                    return True
+                assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-2000:]
+                time.sleep(0.5)
+            return False
+        finally:
+            proc.kill()
+            proc.wait()
+
+    assert not registered("probe-no-secret", "-")
+    assert not registered("probe-wrong-secret", "0" * 64)
+    assert registered("probe-with-secret", secret)

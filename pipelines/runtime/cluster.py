@@ -1,7 +1,14 @@
 """The embedded Spark standalone cluster: one master and one worker on 127.0.0.1.
 
 The pip ``pyspark`` package has ``bin/spark-class`` but no ``sbin/start-*.sh``, so the
-master and worker are started as ``spark-class`` processes. The
+master and worker are started as ``spark-class`` processes.
+
+Spark's RPC is authenticated (``spark.authenticate``): the cluster directory keeps a
+secret made once (``auth-secret``, mode 0600), master and worker read it from a
+properties file (never from their command line, which ``ps`` shows), and an application
+joins only with the same secret: ``session.build_session`` reads the file named by
+``$SPARK_AUTH_SECRET_FILE``, which ``start`` sets for the processes started after it.
+Executors get the secret from their worker in their environment, as Spark does. The
 worker advertises more cores than the machine has: executors are 1-core and the
 product asks for as many as the policy allows (standalone does not pin cores).
 
@@ -16,6 +23,7 @@ import argparse
 import json
 import os
 import signal
+import secrets
 import socket
 import subprocess
 import sys
@@ -27,6 +35,8 @@ from pathlib import Path
 import pyspark
 
 HOST = "127.0.0.1"
+SECRET_FILE = "auth-secret"
+SECRET_ENV = "SPARK_AUTH_SECRET_FILE"
 
 
 class ClusterError(RuntimeError):
@@ -40,6 +50,7 @@ class ClusterInfo:
     master_pid: int
     worker_pid: int
     worker_cores: int
+    secret_file: str = ""  # the shared secret of spark.authenticate ("" before it)
 
 
 def spark_home() -> Path:
@@ -63,6 +74,45 @@ def master_json(web_url: str) -> dict:
         return json.loads(resp.read())
 
 
+def ensure_secret(workdir: Path) -> Path:
+    """The cluster's shared secret, made once: written whole to a private file, then
+    linked into place, so two starters racing end up with the same one."""
+    path = workdir / SECRET_FILE
+    if not path.exists():
+        tmp = workdir / f".{SECRET_FILE}.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path
+
+
+def read_secret(path: str | os.PathLike[str]) -> str:
+    secret = Path(path).read_text().strip()
+    if not secret:
+        raise ClusterError(f"{path} is empty: no Spark authentication secret in it")
+    return secret
+
+
+def _daemon_properties(workdir: Path, secret_path: Path) -> Path:
+    """Master and worker settings as a private properties file."""
+    props = workdir / "daemon.conf"
+    fd = os.open(props, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("spark.authenticate true\n"
+                f"spark.authenticate.secret {read_secret(secret_path)}\n"
+                # The REST submission gateway (6066, no authentication: anyone who
+                # reaches it runs code) and the web UIs' kill links are off.
+                "spark.master.rest.enabled false\n"
+                "spark.ui.killEnabled false\n")
+    return props
+
+
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "ab")
@@ -77,25 +127,24 @@ def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
     workdir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     web_port, worker_web = free_port(), free_port()
-    # The master's REST submission gateway (6066, no authentication: anyone who reaches
-    # it runs code) and the web UIs' kill links are off; nothing here needs them.
+    secret_path = ensure_secret(workdir)
+    props = str(_daemon_properties(workdir, secret_path))
     env = dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=HOST,
                SPARK_WORKER_DIR=str(workdir / "work"), SPARK_LOG_DIR=str(workdir / "logs"),
-               PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable),
-               SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false "
-                                 "-Dspark.ui.killEnabled=false",
-               SPARK_WORKER_OPTS="-Dspark.ui.killEnabled=false")
+               PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
     spark_class = str(spark_home() / "bin" / "spark-class")
     master = _spawn([spark_class, "org.apache.spark.deploy.master.Master", "--host", HOST,
-                     "--port", str(port), "--webui-port", str(web_port)],
-                    workdir / "master.log", env)
+                     "--port", str(port), "--webui-port", str(web_port),
+                     "--properties-file", props], workdir / "master.log", env)
     url = f"spark://{HOST}:{port}"
     worker = _spawn([spark_class, "org.apache.spark.deploy.worker.Worker", url,
                      "--host", HOST, "--cores", str(worker_cores), "--memory", worker_memory,
-                     "--webui-port", str(worker_web), "--work-dir", str(workdir / "work")],
-                    workdir / "worker.log", env)
+                     "--webui-port", str(worker_web), "--work-dir", str(workdir / "work"),
+                     "--properties-file", props], workdir / "worker.log", env)
     info = ClusterInfo(master_url=url, master_web=f"http://{HOST}:{web_port}",
-                       master_pid=master.pid, worker_pid=worker.pid, worker_cores=worker_cores)
+                       master_pid=master.pid, worker_pid=worker.pid, worker_cores=worker_cores,
+                       secret_file=str(secret_path))
+    os.environ[SECRET_ENV] = str(secret_path)  # what this process starts next joins
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for proc, name in ((master, "master"), (worker, "worker")):

@@ -10,6 +10,7 @@ from typing import Any
 
 from control.workload import data_root
 from pipelines.runtime import definition
+from pipelines.runtime.cluster import SECRET_ENV, read_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 EXECUTOR_WAIT_S = 90.0
@@ -63,6 +64,11 @@ def build_session(master_url: str, app_name: str, max_workers: int,
     )
     if locality_wait is not None:
         builder = builder.config("spark.locality.wait", locality_wait)
+    secret_file = os.environ.get(SECRET_ENV)
+    if secret_file and not master_url.startswith("local"):
+        # The cluster's shared secret (cluster.py); Spark redacts it in its UI.
+        builder = (builder.config("spark.authenticate", "true")
+                   .config("spark.authenticate.secret", read_secret(secret_file)))
     return builder.getOrCreate()
 
 

@@ -46,12 +46,15 @@ STAGES = ("runner:runner_started", "runner:session_started", "runner:executors_r
           "runner:query_started")
 
 BARE_SESSION = """
-import sys, time
+import os, sys, time
 t0 = time.time()
 from pyspark.sql import SparkSession
+# The cluster's shared secret: any application must present it (spark.authenticate).
+secret = open(os.environ["SPARK_AUTH_SECRET_FILE"]).read().strip()
 spark = (SparkSession.builder.master(sys.argv[1]).appName("bench-bare-session")
          .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
          .config("spark.cores.max", "2").config("spark.executor.cores", "1")
+         .config("spark.authenticate", "true").config("spark.authenticate.secret", secret)
          .config("spark.ui.showConsoleProgress", "false").getOrCreate())
 session = time.time() - t0
 spark.range(1).collect()
