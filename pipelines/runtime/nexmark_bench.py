@@ -9,7 +9,7 @@ pure NEXMark library.)
 **Sustainable rate** (the issue's definition): the highest constant rate whose p95
 latency stays under 2x the unloaded p95 with no growing backlog. Each configuration is
 one run over a staircase of constant rates — ``--start`` events/s for ``--unloaded-s``
-(Spark warms up in it), then ``--climb-from`` events/s and x√2 every ``--step-s``
+(Spark warms up in it), then ``--climb-from`` x executors events/s and x√2 every ``--step-s``
 seconds — stopped at the first step that is not sustainable.
 A step is judged on its batches after the first quarter of the step: median per-batch
 p95 ≤ 2x the unloaded p95, and the backlog (records due by now but not yet read) at the
@@ -20,8 +20,8 @@ start. With √2 steps, the step two below the sustainable rate is half of it: i
 **Unloaded p95**: the lower of the unloaded step's (its last ``--step-s`` seconds) and
 the first climbing step's. A stateful query's first batches start state stores and
 Python workers (a join's first batch takes 13-17 s here), and a join's batches at 100
-events/s may still be catching up after 40 s; the first climbing step (1,600 events/s,
-at most a quarter of any rate sustained here) is past that. The first climbing step is
+events/s may still be catching up after 40 s; the first climbing step (1,600 events/s
+per executor, at most a quarter of any rate sustained here) is past that. The first climbing step is
 therefore judged on its backlog only.
 
 **CPU per 1,000 events**: the CPU seconds (user + system, from ``/proc``) of the
@@ -441,9 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=float, default=100.0,
                     help="the first (unloaded) step, events/s")
     ap.add_argument("--climb-from", type=float, default=1600.0,
-                    help="the first step above the unloaded one, events/s (then x√2)")
-    ap.add_argument("--step-s", type=int, default=10, help="whole seconds per step")
-    ap.add_argument("--unloaded-s", type=int, default=40,
+                    help="the first step above the unloaded one, events/s per executor "
+                    "(then x√2)")
+    ap.add_argument("--step-s", type=int, default=8, help="whole seconds per step")
+    ap.add_argument("--unloaded-s", type=int, default=32,
                     help="whole seconds of the unloaded step: Spark warms up in it, and "
                     "its last --step-s seconds give the unloaded p95")
     ap.add_argument("--systems", default="streamwise,plain")
@@ -467,8 +468,10 @@ def main(argv: list[str] | None = None) -> int:
             or not 4 <= args.unloaded_s <= 600:
         ap.error("need 1 <= --start <= --climb-from <= 1000000 and 4 <= --step-s, "
                  "--unloaded-s <= 600")
-    stairs = staircase(args.start, args.step_s, climb_from=args.climb_from,
-                       unloaded_s=args.unloaded_s)
+    # Two executors climb from twice the rate: the steps below half of one executor's
+    # capacity tell nothing there either.
+    stairs_for = {w: staircase(args.start, args.step_s, climb_from=args.climb_from * w,
+                               unloaded_s=args.unloaded_s) for w in workers}
     work = Path(tempfile.mkdtemp(prefix="streamwise-nexmark-bench-"))
     log(f"starting an embedded Spark cluster in {work} ...")
     info = cluster.start(work / "spark")
@@ -482,10 +485,11 @@ def main(argv: list[str] | None = None) -> int:
                     try:
                         if system == "streamwise":
                             r = run_streamwise(info.master_url, work, args.redis_url, query,
-                                               w, stairs, args.step_s, info.worker_pid)
+                                               w, stairs_for[w], args.step_s,
+                                               info.worker_pid)
                         else:
-                            r = run_plain(info.master_url, work, query, w, stairs,
-                                          args.step_s, info.worker_pid)
+                            r = run_plain(info.master_url, work, query, w,
+                                          stairs_for[w], args.step_s, info.worker_pid)
                     except HarnessError as exc:
                         r = Result(query, system, w, error=str(exc))
                     results.append(r)
