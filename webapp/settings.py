@@ -10,6 +10,8 @@ from pathlib import Path
 
 import dj_database_url
 
+from pipelines.runtime.secretfile import make_once
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("STREAMWISE_VAR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -28,20 +30,7 @@ def _installation_secret(path: Path) -> str:
     process of one installation (web, Celery, relay, runners) reads the same one, and
     no two installations share it (a public default key would let anyone forge
     sessions)."""
-    if not path.exists():
-        # Written whole, then linked into place: processes starting together all read
-        # the one that won, never a half-written file.
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(50))
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
-    return path.read_text().strip()
+    return make_once(path, lambda: secrets.token_urlsafe(50))
 
 
 SECRET_KEY = os.environ.get("SECRET_KEY") or _installation_secret(VAR_DIR / "secret_key")

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pyspark
 
+from pipelines.runtime.secretfile import make_once
+
 HOST = "127.0.0.1"
 SECRET_FILE = "auth-secret"
 SECRET_ENV = "SPARK_AUTH_SECRET_FILE"
@@ -75,20 +77,9 @@ def master_json(web_url: str) -> dict:
 
 
 def ensure_secret(workdir: Path) -> Path:
-    """The cluster's shared secret, made once: written whole to a private file, then
-    linked into place, so two starters racing end up with the same one."""
+    """The cluster's shared secret, made once (``secretfile.make_once``)."""
     path = workdir / SECRET_FILE
-    if not path.exists():
-        tmp = workdir / f".{SECRET_FILE}.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32))
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
+    make_once(path, lambda: secrets.token_hex(32))
     return path
 
 

@@ -1,0 +1,25 @@
+"""A secret made once and kept in a private file (mode 0600): Django's SECRET_KEY under
+``var/``, the embedded Spark cluster's ``spark.authenticate`` secret."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def make_once(path: Path, make: Callable[[], str]) -> str:
+    """The secret in ``path``, made by ``make()`` if the file does not exist yet. Written
+    whole to a private temporary file, then linked into place: processes starting
+    together all read the one that won, never a half-written file."""
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(make())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
+    return path.read_text().strip()
