@@ -72,17 +72,34 @@ def test_the_embedded_cluster_listens_on_loopback_only_and_offers_no_rest_gatewa
 APP_PROBE = """
 import os, sys, time
 from pyspark.sql import SparkSession
-builder = (SparkSession.builder.master(sys.argv[1]).appName(sys.argv[2])
-           .config("spark.driver.host", "127.0.0.1")
-           .config("spark.driver.bindAddress", "127.0.0.1")
-           .config("spark.cores.max", "1").config("spark.executor.cores", "1")
-           .config("spark.executor.memory", "512m"))
-if sys.argv[3] != "-":
-    builder = (builder.config("spark.authenticate", "true")
-               .config("spark.authenticate.secret", sys.argv[3]))
-spark = builder.getOrCreate()
+if sys.argv[3] == "product":  # the product's own session, secret from the cluster's file
+    from pipelines.runtime.session import build_session
+    spark = build_session(sys.argv[1], sys.argv[2], 1, "512m")
+else:
+    builder = (SparkSession.builder.master(sys.argv[1]).appName(sys.argv[2])
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.cores.max", "1").config("spark.executor.cores", "1")
+               .config("spark.executor.memory", "512m"))
+    if sys.argv[3] != "-":
+        builder = (builder.config("spark.authenticate", "true")
+                   .config("spark.authenticate.secret", sys.argv[3]))
+    spark = builder.getOrCreate()
 time.sleep(3600)
 """
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:  # it ended while we looked
+            pass
+    return out
 
 
 @pytest.mark.spark
@@ -101,16 +118,18 @@ def test_the_embedded_cluster_admits_only_applications_with_its_secret(
     secret_file = Path(spark_cluster.secret_file)
     assert oct(secret_file.stat().st_mode & 0o777) == "0o600"
     secret = cluster.read_secret(secret_file)
-    for pid in (spark_cluster.master_pid, spark_cluster.worker_pid):
-        tree = [pid] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children")
-                        .read_text().split()]
-        for p in tree:
-            assert secret not in Path(f"/proc/{p}/cmdline").read_text(), p
+    def shown_by_ps(pids: list[int]) -> list[int]:
+        return [p for p in pids if secret in Path(f"/proc/{p}/cmdline").read_text()]
 
-    env = {k: v for k, v in os.environ.items() if k != cluster.SECRET_ENV}
+    for pid in (spark_cluster.master_pid, spark_cluster.worker_pid):
+        assert not shown_by_ps(_tree(pid))
 
     def registered(name: str, secret_arg: str) -> bool:
-        """Whether the master lists the application within 30 s of its start."""
+        """Whether the master lists the application within 30 s of its start; the
+        product's own driver (and its JVM) never shows the secret on a command line."""
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        if secret_arg != "product":
+            env.pop(cluster.SECRET_ENV, None)
         proc = subprocess.Popen([sys.executable, "-c", APP_PROBE, spark_cluster.master_url,
                                  name, secret_arg], env=env, stdout=subprocess.DEVNULL,
                                 stderr=open(tmp_path / f"{name}.log", "wb"))
@@ -119,6 +138,8 @@ def test_the_embedded_cluster_admits_only_applications_with_its_secret(
             while time.monotonic() < deadline:
                 apps = cluster.master_json(spark_cluster.master_web)["activeapps"]
                 if any(a["name"] == name for a in apps):
+                    if secret_arg == "product":
+                        assert not shown_by_ps(_tree(proc.pid))
                     return True
                 assert proc.poll() is None, (tmp_path / f"{name}.log").read_text()[-2000:]
                 time.sleep(0.5)
@@ -129,4 +150,4 @@ def test_the_embedded_cluster_admits_only_applications_with_its_secret(
 
     assert not registered("probe-no-secret", "-")
     assert not registered("probe-wrong-secret", "0" * 64)
-    assert registered("probe-with-secret", secret)
+    assert registered("probe-product", "product")

@@ -4,7 +4,9 @@ session can serve any run it fits. No Django import."""
 from __future__ import annotations
 
 import os
+import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +67,29 @@ def build_session(master_url: str, app_name: str, max_workers: int,
     if locality_wait is not None:
         builder = builder.config("spark.locality.wait", locality_wait)
     secret_file = os.environ.get(SECRET_ENV)
-    if secret_file and not master_url.startswith("local"):
-        # The cluster's shared secret (cluster.py); Spark redacts it in its UI.
-        builder = (builder.config("spark.authenticate", "true")
-                   .config("spark.authenticate.secret", read_secret(secret_file)))
-    return builder.getOrCreate()
+    if not secret_file or master_url.startswith("local"):
+        return builder.getOrCreate()
+    return _with_secret(builder, read_secret(secret_file))
+
+
+def _with_secret(builder: Any, secret: str) -> Any:
+    """Start the driver with the cluster's shared secret (cluster.py). PySpark passes a
+    builder's settings to the driver JVM as ``--conf`` arguments, which ``ps`` shows to
+    every user: the secret goes in a private properties file instead, read by the JVM
+    as it starts and deleted once it has (Spark redacts the value in its UI)."""
+    fd, props = tempfile.mkstemp(prefix="spark-auth-", suffix=".conf")  # mode 0600
+    with os.fdopen(fd, "w") as f:
+        f.write(f"spark.authenticate true\nspark.authenticate.secret {secret}\n")
+    previous = os.environ.get("PYSPARK_SUBMIT_ARGS")
+    os.environ["PYSPARK_SUBMIT_ARGS"] = f"--properties-file {shlex.quote(props)} pyspark-shell"
+    try:
+        return builder.getOrCreate()
+    finally:
+        if previous is None:
+            os.environ.pop("PYSPARK_SUBMIT_ARGS", None)
+        else:
+            os.environ["PYSPARK_SUBMIT_ARGS"] = previous
+        os.unlink(props)
 
 
 def apply_run_conf(spark: Any, spec: definition.PipelineSpec) -> None:
