@@ -335,3 +335,28 @@ def test_the_bench_counts_cpu_of_a_process_tree_and_compares_it_per_event() -> N
     # steps 1 and 2 both held: 3.3 s vs 3.0 s of CPU over 6,000 events each
     assert nb.cpu_per_1k(sw, plain) == (550.0, 500.0)
     assert "| 550.0 / 500.0 | 1.10 |" in nb.table([sw, plain])
+
+
+def test_the_bench_table_gives_medians_over_repeated_runs_and_rereads_its_json() -> None:
+    """With ``--repeat`` a row shows each configuration's median (and every run's value),
+    the ratio of the medians, and the CPU ratio paired run by run; ``--render`` reads
+    the results back from ``--json``."""
+    import dataclasses
+
+    from pipelines.runtime import nexmark_bench as nb
+
+    def run(system: str, rate: float, rep: int, cpu_s: float) -> nb.Result:
+        steps = [nb.Step(rate=100, sustainable=True, rows=1000, cpu_s=9.0),
+                 nb.Step(rate=1000, sustainable=True, rows=10_000, cpu_s=cpu_s)]
+        return nb.Result("Q1", system, 2, unloaded_p95_ms=1000.0, sustainable_rate=rate,
+                         steps=steps, rep=rep)
+    results = [run("streamwise", 1000, 0, 5.5), run("plain", 2000, 0, 5.0),
+               run("streamwise", 2000, 1, 6.0), run("plain", 2000, 1, 5.0),
+               run("streamwise", 2000, 2, 5.0), run("plain", 1000, 2, 5.0)]
+    saved = [nb.Result.from_dict(json.loads(json.dumps(dataclasses.asdict(r))))
+             for r in results]
+    assert saved == results
+    text = nb.table(saved)
+    assert "| Q1 | 2 | 2000.0 (1000, 2000, 2000) | 2000.0 (2000, 2000, 1000) | 1.00 |" in text
+    assert "| 550.0 / 500.0 | 1.10 |" in text  # CPU ratios 1.1, 1.2, 1.0 run by run
+    assert "rate ratios Streamwise / plain, sorted: 1.00; median 1.00" in text

@@ -67,3 +67,21 @@ def test_a_nexmark_query_matches_its_reference_across_a_scale_up_and_a_rebalance
     report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
     assert report.ok, report.problems
     assert report.compared_rows > 0 and report.batches >= 5
+
+
+def test_a_sink_that_keeps_nothing_still_counts_every_row(tmp_path: Path,
+                                                          spark_cluster: Any) -> None:
+    """Without kept output the sink runs each batch into Spark's ``noop`` sink and counts
+    its rows on the way (``query.LatencySink._discard``): Q0 passes every event through,
+    so each batch writes exactly the rows it read. A pipeline without a stateful
+    operator places no key group."""
+    doc = queries.definition("Q0", RATE, key_groups=4, keep_output=False)
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
+    run = RunnerProcess(tmp_path / "q0", spark_cluster.master_url, doc, redis_url,
+                        token="nxQ0noop", max_workers=1, initial_workers=1)
+    with run:
+        run.wait_batches(4)
+    batches = [m for m in run.metrics if m["input_rows"]]
+    assert len(batches) >= 3
+    assert [m["output_rows"] for m in batches] == [m["input_rows"] for m in batches]
+    assert all(m.get("placement") in (None, [None] * 4) for m in run.metrics)

@@ -81,6 +81,7 @@ class Batch:
     p95_ms: float | None
     backlog: int  # records due but not read when the batch was planned
     rows: int
+    durations_ms: dict[str, int] | None = None  # Spark's account of the batch's time
 
 
 @dataclass
@@ -105,6 +106,12 @@ class Result:
     steps: list[Step] = field(default_factory=list)
     capped: bool = False  # every step held: the rate is at least this
     error: str | None = None
+    rep: int = 0  # which repetition of the configuration (--repeat)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> Result:
+        """A result as ``--json`` wrote it."""
+        return cls(**{**doc, "steps": [Step(**s) for s in doc.get("steps", [])]})
 
 
 def _proc_table() -> dict[int, tuple[int, float]]:
@@ -249,7 +256,7 @@ class Staircase:
                 self._cpu_mark = now
             self.result.steps.append(step)
             log(f"  {self.result.system:<10} {self.result.query} x{self.result.workers}: "
-                f"{step.rate:>8.0f}/s p95 {step.p95_ms} ms, backlog +{step.backlog_growth}"
+                f"{step.rate:>8.0f}/s p95 {step.p95_ms} ms, backlog {step.backlog_growth:+d}"
                 f" -> {'ok' if step.sustainable else 'NOT sustainable'}")
             if not step.sustainable:
                 return False
@@ -276,11 +283,11 @@ def cpu_reader(driver: Callable[[], subprocess.Popen | None],
 
 def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers: int,
                    stairs: list[list[float]], step_s: int,
-                   worker_pid: int | None = None) -> Result:
-    result = Result(query, "streamwise", workers)
+                   worker_pid: int | None = None, rep: int = 0) -> Result:
+    result = Result(query, "streamwise", workers, rep=rep)
     doc = bench_doc(query, stairs, workers)
-    run = RunnerProcess(work / f"sw-{query}-{workers}", master, doc, redis_url,
-                        token=f"nxb{query}{workers}", max_workers=workers,
+    run = RunnerProcess(work / f"sw-{query}-{workers}-{rep}", master, doc, redis_url,
+                        token=f"nxb{query}{workers}r{rep}", max_workers=workers,
                         initial_workers=workers, executor_memory=EXECUTOR_MEMORY)
     watch = Staircase(result, stairs, step_s,
                       cpu_reader(lambda: run.proc, worker_pid))
@@ -293,7 +300,7 @@ def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers:
                 due, end = m.get("source_latest"), m.get("source_end")
                 batch = Batch(t=m["t"] - run.t0, p95_ms=m.get("latency_p95_ms"),
                               backlog=max(0, (due or 0) - (end or 0)),
-                              rows=m["input_rows"])
+                              rows=m["input_rows"], durations_ms=m.get("durations_ms"))
                 go = watch.add(batch) and go
             seen = len(run.metrics)
             if run.metrics and run.metrics[-1]["t"] - run.t0 > watch.deadline_s:
@@ -304,10 +311,10 @@ def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers:
 
 def run_plain(master: str, work: Path, query: str, workers: int,
               stairs: list[list[float]], step_s: int,
-              worker_pid: int | None = None) -> Result:
-    result = Result(query, "plain", workers)
+              worker_pid: int | None = None, rep: int = 0) -> Result:
+    result = Result(query, "plain", workers, rep=rep)
     doc = bench_doc(query, stairs, workers)
-    where = work / f"plain-{query}-{workers}"
+    where = work / f"plain-{query}-{workers}-{rep}"
     where.mkdir(parents=True, exist_ok=True)
     (where / "doc.json").write_text(json.dumps(doc))
     proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.nexmark_bench",
@@ -368,7 +375,9 @@ def plain_main(master: str, where: Path, workers: int) -> int:
             if obs is not None and obs["records"] and obs["q"] is not None:
                 p95 = round((now - obs["q"][1]) * 1000.0, 1)
             print(json.dumps({"t": now - t0, "p95_ms": p95, "backlog": max(0, due - end),
-                              "rows": int(p.numInputRows)}), flush=True)
+                              "rows": int(p.numInputRows),
+                              "durations_ms": {k: int(v) for k, v in p.durationMs.items()}}),
+                  flush=True)
 
         def onQueryIdle(self, event: Any) -> None:
             pass
@@ -406,26 +415,63 @@ def cpu_per_1k(sw: Result, plain: Result) -> tuple[float, float] | None:
             round(sum(b.cpu_s or 0 for _, b in pairs) * 1e6 / rows_plain, 1))
 
 
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return round(float(statistics.median(known)), 1) if known else None
+
+
+def _cell(values: list[float | None]) -> str:
+    """The median, with every run's value after it when there was more than one."""
+    middle = _median(values)
+    if len(values) < 2:
+        return str(middle or "—")
+    runs = ", ".join("—" if v is None else f"{v:.0f}" for v in values)
+    return f"{middle or '—'} ({runs})"
+
+
 def table(results: list[Result]) -> str:
-    by = {(r.query, r.system, r.workers): r for r in results}
+    """One row per query and executor count: medians over the repetitions (each run's
+    value in brackets), the rate ratio of the medians, CPU per 1,000 events paired run
+    by run; then every configuration's ratios, sorted, with their medians."""
+    runs: dict[tuple[str, str, int], list[Result]] = {}
+    for r in sorted(results, key=lambda r: r.rep):
+        runs.setdefault((r.query, r.system, r.workers), []).append(r)
     lines = ["| query | workers | Streamwise sustainable (ev/s) | plain PySpark (ev/s) | "
              "Streamwise / plain | unloaded p95 SW / plain (ms) | p95 at half SW / plain (ms) "
              "| CPU ms per 1k events SW / plain | CPU SW / plain |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for (query, system, workers), sw in sorted(by.items()):
+    rate_ratios: list[float] = []
+    cpu_ratios: list[float] = []
+    for (query, system, workers), sws in sorted(runs.items()):
         if system != "streamwise":
             continue
-        plain = by.get((query, "plain", workers))
-        ratio = (f"{sw.sustainable_rate / plain.sustainable_rate:.2f}"
-                 if plain and sw.sustainable_rate and plain.sustainable_rate else "—")
-        cpu = cpu_per_1k(sw, plain) if plain else None
-        cpu_cells = (f"{cpu[0]} / {cpu[1]} | {cpu[0] / cpu[1]:.2f}" if cpu and cpu[1]
-                     else "— | —")
-        lines.append(f"| {query} | {workers} | {sw.sustainable_rate or '—'} | "
-                     f"{(plain and plain.sustainable_rate) or '—'} | {ratio} | "
-                     f"{sw.unloaded_p95_ms} / {plain and plain.unloaded_p95_ms} | "
-                     f"{sw.p95_at_half_ms} / {plain and plain.p95_at_half_ms} | "
-                     f"{cpu_cells} |")
+        plains = runs.get((query, "plain", workers), [])
+        sw_rate = _median([r.sustainable_rate for r in sws])
+        plain_rate = _median([r.sustainable_rate for r in plains])
+        ratio = "—"
+        if sw_rate and plain_rate:
+            rate_ratios.append(round(sw_rate / plain_rate, 2))
+            ratio = f"{sw_rate / plain_rate:.2f}"
+        cpus = [c for a, b in zip(sws, plains) if (c := cpu_per_1k(a, b)) and c[1]]
+        cpu_cells = "— | —"
+        if cpus:
+            sw_cpu = _median([c[0] for c in cpus])
+            plain_cpu = _median([c[1] for c in cpus])
+            cpu_ratio = statistics.median(c[0] / c[1] for c in cpus)
+            cpu_ratios.append(round(cpu_ratio, 2))
+            cpu_cells = f"{sw_cpu} / {plain_cpu} | {cpu_ratio:.2f}"
+        lines.append(
+            f"| {query} | {workers} | {_cell([r.sustainable_rate for r in sws])} | "
+            f"{_cell([r.sustainable_rate for r in plains]) if plains else '—'} | {ratio} | "
+            f"{_median([r.unloaded_p95_ms for r in sws])} / "
+            f"{_median([r.unloaded_p95_ms for r in plains])} | "
+            f"{_median([r.p95_at_half_ms for r in sws])} / "
+            f"{_median([r.p95_at_half_ms for r in plains])} | {cpu_cells} |")
+    for name, ratios in (("rate", rate_ratios), ("CPU", cpu_ratios)):
+        if ratios:
+            lines.append(f"\n{name} ratios Streamwise / plain, sorted: "
+                         f"{', '.join(f'{x:.2f}' for x in sorted(ratios))}; median "
+                         f"{statistics.median(ratios):.2f}")
     return "\n".join(lines)
 
 
@@ -450,7 +496,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default="streamwise,plain")
     ap.add_argument("--redis-url", default="redis://127.0.0.1:6379/13")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per configuration (the "
+                    "table shows medians; the systems' order alternates between runs)")
+    ap.add_argument("--render", type=Path, nargs="+", metavar="JSON", default=None,
+                    help="print the table of results saved with --json, run nothing")
     args = ap.parse_args(argv)
+    if args.render:
+        try:
+            saved = [Result.from_dict(d) for path in args.render
+                     for d in json.loads(path.read_text())]
+        except (OSError, ValueError, TypeError) as exc:
+            ap.error(f"cannot read the saved results: {exc}")
+        print(table(saved))
+        return 0
     chosen = [q.strip().upper() for q in args.queries.split(",") if q.strip()]
     unknown = [q for q in chosen if q not in queries.QUERIES]
     systems = [s for s in args.systems.split(",") if s]
@@ -464,6 +522,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--workers takes 1 and/or 2 (this machine has 2 cores)")
     if not set(systems) <= {"streamwise", "plain"} or not systems:
         ap.error("--systems takes streamwise and/or plain")
+    if not 1 <= args.repeat <= 20:
+        ap.error("--repeat takes 1 to 20")
     if not 1 <= args.start <= args.climb_from <= 1_000_000 or not 4 <= args.step_s <= 600 \
             or not 4 <= args.unloaded_s <= 600:
         ap.error("need 1 <= --start <= --climb-from <= 1000000 and 4 <= --step-s, "
@@ -478,29 +538,29 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     started = time.time()
     try:
-        for query in chosen:
-            for w in workers:
-                for system in systems:
-                    log(f"{query} on {w} executor(s), {system} ...")
-                    try:
-                        if system == "streamwise":
-                            r = run_streamwise(info.master_url, work, args.redis_url, query,
-                                               w, stairs_for[w], args.step_s,
-                                               info.worker_pid)
-                        else:
-                            r = run_plain(info.master_url, work, query, w,
-                                          stairs_for[w], args.step_s, info.worker_pid)
-                    except HarnessError as exc:
-                        r = Result(query, system, w, error=str(exc))
-                    results.append(r)
-                    if args.json:
-                        args.json.write_text(json.dumps([asdict(x) for x in results],
-                                                        indent=1))
+        plan = [(rep, query, w, system) for rep in range(args.repeat) for query in chosen
+                for w in workers
+                for system in (systems if rep % 2 == 0 else systems[::-1])]
+        for done, (rep, query, w, system) in enumerate(plan):
+            log(f"[{done + 1}/{len(plan)}] {query} on {w} executor(s), {system}"
+                f"{f', run {rep + 1} of {args.repeat}' if args.repeat > 1 else ''} ...")
+            try:
+                if system == "streamwise":
+                    r = run_streamwise(info.master_url, work, args.redis_url, query, w,
+                                       stairs_for[w], args.step_s, info.worker_pid, rep)
+                else:
+                    r = run_plain(info.master_url, work, query, w, stairs_for[w],
+                                  args.step_s, info.worker_pid, rep)
+            except HarnessError as exc:
+                r = Result(query, system, w, error=str(exc), rep=rep)
+            results.append(r)
+            if args.json:
+                args.json.write_text(json.dumps([asdict(x) for x in results], indent=1))
     finally:
         cluster.stop(info)
     print(table(results))
-    print(f"\n{len(results)} runs in {time.time() - started:.0f} s; one run per "
-          "configuration (ratios compare runs minutes apart on one machine)")
+    print(f"\n{len(results)} runs in {time.time() - started:.0f} s; {args.repeat} run(s) "
+          "per configuration (ratios compare runs minutes apart on one machine)")
     return 0
 
 

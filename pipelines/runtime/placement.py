@@ -198,14 +198,23 @@ class SparkRest:
                 del self._job_batches[k]
         return out
 
-    def stateful_tasks(self, batch_id: int, job_ids: Sequence[int], groups: int) -> BatchTasks:
-        """Per group, the successful task of the batch's stateful stage."""
+    def stateful_tasks(self, batch_id: int, job_ids: Sequence[int], groups: int,
+                       keyed: bool = True) -> BatchTasks:
+        """Per group, the successful task of the batch's stateful stage; with ``keyed``
+        False (a pipeline without a stateful operator: no group to find) only the
+        failed-task count, from the batch's jobs.
+
+        Every request is served by the driver, which shares the machine with the
+        executors: each asks for no more than it uses (stage summaries without their
+        task data; only the stateful stage's task list)."""
         result = BatchTasks(batch_id)
         for job in self.jobs_of_batch(batch_id, job_ids):
             result.failed_tasks += int(job.get("numFailedTasks") or 0)
+            if not keyed:
+                continue
             for stage_id in job.get("stageIds") or []:
                 try:
-                    attempts = self.get(f"stages/{stage_id}")
+                    attempts = self.get(f"stages/{stage_id}?details=false")
                 except urllib.error.HTTPError:
                     continue  # skipped stage (its shuffle output was reused)
                 for stage in attempts:

@@ -81,6 +81,12 @@ class Reconfigurer:
         """In the sink, after batch ``batch_id`` wrote its output and before the next
         batch can start: repair, migration step, decommission, then enforce the table."""
         started = time.perf_counter()
+        if not self.keyed_state:
+            # No key group to place: no state-store location to read or pin (each read
+            # is an RPC to the coordinator); only decommissions are due here.
+            self._decommission_due()
+            self.metrics.boundary_ms = round((time.perf_counter() - started) * 1000, 1)
+            return
         alive = self.runner.executors_now()
         coord = self.runner.coord
         if (batch_id == 0 or all(e is None for e in self.routing.table)
@@ -96,16 +102,7 @@ class Reconfigurer:
                                    step=step.index, moves=step.moves, bytes=step.bytes,
                                    migration_id=self.routing.active.id
                                    if self.routing.active else None)
-        if self.decommission_due:
-            victims, self.decommission_due = self.decommission_due, []
-            owned = set(self.routing.snapshot())
-            for victim in victims:
-                if victim in owned:  # never kill an executor that still holds state
-                    self.bus.publish_event(RunnerEvent.DECOMMISSION_REFUSED, executor=victim,
-                                           reason="it still owns key groups")
-                    continue
-                self.runner.executors.decommission(victim, "streamwise: scale down after "
-                                                   "migrating its key groups away")
+        self._decommission_due()
         table = self.routing.snapshot()
         repinned = 0
         for g, owner in enumerate(table):
@@ -120,6 +117,19 @@ class Reconfigurer:
             del placed_for[old]
         self.metrics.boundary_ms = round((time.perf_counter() - started) * 1000, 1)
         self.metrics.repinned = repinned
+
+    def _decommission_due(self) -> None:
+        if not self.decommission_due:
+            return
+        victims, self.decommission_due = self.decommission_due, []
+        owned = set(self.routing.snapshot())
+        for victim in victims:
+            if victim in owned:  # never kill an executor that still holds state
+                self.bus.publish_event(RunnerEvent.DECOMMISSION_REFUSED, executor=victim,
+                                       reason="it still owns key groups")
+                continue
+            self.runner.executors.decommission(victim, "streamwise: scale down after "
+                                               "migrating its key groups away")
 
     def _host(self, executor: str) -> str:
         if executor not in self.hosts:
