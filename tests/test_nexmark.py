@@ -360,3 +360,24 @@ def test_the_bench_table_gives_medians_over_repeated_runs_and_rereads_its_json()
     assert "| Q1 | 2 | 2000.0 (1000, 2000, 2000) | 2000.0 (2000, 2000, 1000) | 1.00 |" in text
     assert "| 550.0 / 500.0 | 1.10 |" in text  # CPU ratios 1.1, 1.2, 1.0 run by run
     assert "rate ratios Streamwise / plain, sorted: 1.00; median 1.00" in text
+
+
+def test_the_bench_judges_a_step_failed_when_no_batch_ends_long_after_it() -> None:
+    """A stuck query (an executor out of memory, a batch that never ends) fails its step
+    instead of holding the bench forever."""
+    from pipelines.runtime import nexmark_bench as nb
+
+    stairs = [[0, 100.0], [40, 200.0], [50, 400.0]]
+    result = nb.Result("Q7", "streamwise", 2)
+    watch = nb.Staircase(result, stairs, 10)
+    assert not watch.stalled()  # no batch yet: the start is bounded elsewhere
+    for t in range(1, 45):
+        assert watch.add(nb.Batch(t=float(t), p95_ms=1000.0, backlog=0, rows=10))
+    assert [s.sustainable for s in result.steps] == [True]
+    assert not watch.stalled()
+    watch._seen_at -= 50 - 44 + nb.STALL_S - 1  # the run's clock: just before the limit
+    assert not watch.stalled()
+    watch._seen_at -= 2
+    assert watch.stalled()
+    assert [s.sustainable for s in result.steps] == [True, False]
+    assert result.steps[-1].rate == 200.0

@@ -50,11 +50,13 @@ import argparse
 import json
 import math
 import os
+import queue
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,6 +69,10 @@ from pipelines.runtime.harness import HarnessError, RunnerProcess
 BACKLOG_S = 1.0  # a step's backlog may grow by at most this many seconds of its input
 WARM_FRACTION = 0.25  # the first quarter of a step: the rate change settling
 MAX_STEPS = 18
+# A step that no batch has ended in this long after its end failed: the query is stuck
+# (seen: Q7 on two 1 GiB executors at 36,204 events/s, a batch ran an executor out of
+# heap and the query never finished another).
+STALL_S = 90.0
 EXECUTOR_MEMORY = "1g"  # both systems' executors (the runner's default is 512m)
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -232,10 +238,28 @@ class Staircase:
         self.batches: list[Batch] = []
         self.cpu_s = cpu_s
         self._cpu_mark: float | None = None
+        self._seen_at: float | None = None  # time.monotonic() when the last batch came
+
+    def stalled(self) -> bool:
+        """True, with the current step judged not sustainable, once no batch has ended
+        for ``STALL_S`` seconds past that step's end (the run's clock is read off the
+        last batch: ``t`` then, plus the time since it came)."""
+        k = len(self.result.steps)
+        if self._seen_at is None or not self.batches or k >= len(self.stairs):
+            return False
+        now_s = self.batches[-1].t + time.monotonic() - self._seen_at
+        if now_s <= span(self.stairs, self.step_s, k)[1] + STALL_S:
+            return False
+        self.result.steps.append(Step(rate=self.stairs[k][1]))
+        log(f"  {self.result.system:<10} {self.result.query} x{self.result.workers}: "
+            f"{self.stairs[k][1]:>8.0f}/s no batch ended for {STALL_S:.0f} s -> NOT "
+            "sustainable (stuck)")
+        return True
 
     def add(self, batch: Batch) -> bool:
         """Record a batch; False once a step failed or the staircase is over."""
         self.batches.append(batch)
+        self._seen_at = time.monotonic()
         while len(self.result.steps) < len(self.stairs):
             k = len(self.result.steps)
             if batch.t <= span(self.stairs, self.step_s, k)[1]:
@@ -303,7 +327,8 @@ def run_streamwise(master: str, work: Path, redis_url: str, query: str, workers:
                               rows=m["input_rows"], durations_ms=m.get("durations_ms"))
                 go = watch.add(batch) and go
             seen = len(run.metrics)
-            if run.metrics and run.metrics[-1]["t"] - run.t0 > watch.deadline_s:
+            if run.metrics and run.metrics[-1]["t"] - run.t0 > watch.deadline_s \
+                    or watch.stalled():
                 break
     summarise(result)
     return result
@@ -322,9 +347,22 @@ def run_plain(master: str, work: Path, query: str, workers: int,
                             stdout=subprocess.PIPE, stderr=open(where / "spark.log", "ab"),
                             text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     watch = Staircase(result, stairs, step_s, cpu_reader(lambda: proc, worker_pid))
-    try:
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:  # a thread, so that a stuck query is noticed (watch.stalled)
         assert proc.stdout is not None
         for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+    threading.Thread(target=read, name="plain-batches", daemon=True).start()
+    try:
+        while not watch.stalled():
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if line is None:
+                break
             batch = Batch(**json.loads(line))
             if not watch.add(batch) or batch.t > watch.deadline_s:
                 break
