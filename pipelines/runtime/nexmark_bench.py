@@ -37,7 +37,9 @@ from Spark's task list, the latency sink, the control bus), output not kept.
 running the same DataFrame plan (``dataflow_spark.build_dataflow``: the compiler only
 emits DataFrame operations) into Spark's ``noop`` sink, latency read from the same
 observation in Spark's own progress events — what a Spark engineer would write without
-Streamwise. The difference is Streamwise's runtime overhead.
+Streamwise. The difference is Streamwise's runtime overhead. Both stamp a batch's end at
+the same instant: when its write ends (Streamwise's sink; plain: the progress event's
+trigger start plus its phases before the offset commit, not the event's late arrival).
 
 Latency is per record: scheduled emission -> the end of the batch that read it. Rates are
 events/s of NEXMark events (all types). Q4 and Q6 bound their join by the longest
@@ -88,6 +90,7 @@ class Batch:
     backlog: int  # records due but not read when the batch was planned
     rows: int
     durations_ms: dict[str, int] | None = None  # Spark's account of the batch's time
+    lag_ms: float | None = None  # plain: how long after the batch's end its event came
 
 
 @dataclass
@@ -382,6 +385,7 @@ def plain_main(master: str, where: Path, workers: int) -> int:
     """The plain PySpark application: the query into ``noop``; one JSON line per batch."""
     from pyspark.sql.streaming import StreamingQueryListener
 
+    from pipelines.runtime.batch_metrics import iso_to_epoch
     from pipelines.runtime.dataflow_spark import build_dataflow
     from pipelines.runtime.session import apply_run_conf, build_session
     from pipelines.runtime.source import OBSERVATION
@@ -402,8 +406,14 @@ def plain_main(master: str, where: Path, workers: int) -> int:
             pass
 
         def onQueryProgress(self, event: Any) -> None:
-            now = time.time()
             p = event.progress
+            # The batch's records are written when Spark's addBatch ends: the trigger's
+            # start plus its phases but the offset commit that follows — the instant
+            # Streamwise's sink stamps. Not the time this event arrives, which the
+            # listener bus delivers later the busier the driver is.
+            took = p.durationMs
+            now = iso_to_epoch(p.timestamp) + (int(took.get("triggerExecution", 0))
+                                               - int(took.get("commitOffsets", 0))) / 1000
             source = p.sources[0] if p.sources else None
             end = json.loads(source.endOffset).get("offset", 0) if source else 0
             due = json.loads(source.latestOffset).get("offset", 0) \
@@ -413,6 +423,7 @@ def plain_main(master: str, where: Path, workers: int) -> int:
             if obs is not None and obs["records"] and obs["q"] is not None:
                 p95 = round((now - obs["q"][1]) * 1000.0, 1)
             print(json.dumps({"t": now - t0, "p95_ms": p95, "backlog": max(0, due - end),
+                              "lag_ms": round((time.time() - now) * 1000.0, 1),
                               "rows": int(p.numInputRows),
                               "durations_ms": {k: int(v) for k, v in p.durationMs.items()}}),
                   flush=True)
