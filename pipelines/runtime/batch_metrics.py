@@ -76,8 +76,6 @@ class BatchMetrics:
         self.stateful_nodes = ([(n.id, n.type) for n in spec.graph.stateful]
                                if spec.graph is not None else
                                [(spec.stateful.type, spec.stateful.type)])
-        # A dataflow pipeline without a stateful operator has no key group to place.
-        self.keyed = spec.graph is None or bool(spec.graph.stateful)
         self.last_ran_on: dict[int, str] = {}
         self.boundary_ms: float | None = None  # the last between-batches pause
         self.repinned = 0
@@ -152,7 +150,7 @@ class BatchMetrics:
             try:
                 self.enrich(record, rest.stateful_tasks(
                     record["batch_id"], tracker.getJobIdsForGroup(job_group),
-                    self.spec.key_groups, keyed=self.keyed))
+                    self.spec.key_groups, keyed=self.spec.keyed_state))
             except Exception as exc:  # a REST hiccup must not cost the batch's metrics
                 record["monitor_error"] = f"{type(exc).__name__}: {exc}"[:300]
             reading = self.meter.read(record["workers"], self.clock.freq_ghz)

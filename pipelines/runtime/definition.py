@@ -97,6 +97,12 @@ class PipelineSpec:
         return next(o for o in self.operators if o.type in STATEFUL_TYPES)
 
     @property
+    def keyed_state(self) -> bool:
+        """False for a dataflow pipeline without a stateful operator: its tasks follow
+        the source's partitions, there is no key group to place or move."""
+        return self.graph is None or bool(self.graph.stateful)
+
+    @property
     def output_mode(self) -> str:
         """Spark output mode: a keyed aggregate updates rows, fired windows append."""
         if self.graph is not None:

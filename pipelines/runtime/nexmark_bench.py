@@ -196,9 +196,16 @@ def judge(stairs: list[list[float]], step_s: int, batches: list[Batch],
     before = [b for b in batches if b.t <= lo]
     start_backlog = before[-1].backlog if before else inside[0].backlog
     step.backlog_growth = inside[-1].backlog - start_backlog
-    limit = 2 * (unloaded_p95 if unloaded_p95 is not None else step.p95_ms)
-    step.sustainable = step.p95_ms <= limit and step.backlog_growth <= BACKLOG_S * rate
+    step.sustainable = holds(step, unloaded_p95 if unloaded_p95 is not None
+                             else step.p95_ms)
     return step
+
+
+def holds(step: Step, floor: float | None) -> bool:
+    """A step's verdict: p95 within 2x the floor, backlog grown by at most ``BACKLOG_S``
+    seconds of its input."""
+    return (step.p95_ms is not None and floor is not None and step.p95_ms <= 2 * floor
+            and step.backlog_growth <= BACKLOG_S * step.rate)
 
 
 def rejudge(result: Result) -> None:
@@ -213,9 +220,7 @@ def rejudge(result: Result) -> None:
             continue
         if step.p95_ms is not None and (floor is None or step.p95_ms < floor):
             floor = step.p95_ms
-        step.sustainable = (step.p95_ms is not None and floor is not None
-                            and step.p95_ms <= 2 * floor
-                            and step.backlog_growth <= BACKLOG_S * step.rate)
+        step.sustainable = holds(step, floor)
         if not step.sustainable:
             break
     result.steps = result.steps[:k + 1] if result.steps else []
@@ -238,8 +243,8 @@ def summarise(result: Result) -> None:
             and result.steps[1].rate > math.sqrt(2) * result.steps[0].rate * 1.01:
         # Between the unloaded step and the first climbing one: not measured.
         result.sustainable_rate = None
-        result.error = result.error or (f"not sustainable at {result.steps[1].rate:.0f}/s, the first "
-                        "climbing step: lower --climb-from")
+        result.error = result.error or (f"not sustainable at {result.steps[1].rate:.0f}/s,"
+                                        " the first climbing step: lower --climb-from")
         return
     half = result.sustainable_rate / 2
     result.p95_at_half_ms = next((s.p95_ms for s in result.steps[:first_bad]
@@ -272,7 +277,7 @@ class Staircase:
         for ``STALL_S`` seconds past that step's end (the run's clock is read off the
         last batch: ``t`` then, plus the time since it came)."""
         k = len(self.result.steps)
-        if self._seen_at is None or not self.batches or k >= len(self.stairs):
+        if self._seen_at is None or k >= len(self.stairs):
             return False
         now_s = self.batches[-1].t + time.monotonic() - self._seen_at
         if now_s <= span(self.stairs, self.step_s, k)[1] + STALL_S:

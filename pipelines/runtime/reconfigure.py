@@ -205,9 +205,7 @@ class Reconfigurer:
 
     @property
     def keyed_state(self) -> bool:
-        """False for a dataflow pipeline without a stateful operator: its tasks follow
-        the source's partitions, there is no key group to place or move."""
-        return self.spec.graph is None or bool(self.spec.graph.stateful)
+        return self.spec.keyed_state
 
     # ------------------------------------------------------------------ commands
     def cmd_set_workers(self, args: dict[str, Any]) -> Outcome:
