@@ -141,6 +141,8 @@ def post(url: str, payload: dict[str, Any], secret: bytes,
             status = conn.getresponse().status
             outcome.append(f"{status} (redirect not followed)" if 300 <= status < 400
                            else f"{status}")
+        except TimeoutError:  # the socket's own timeout, which is the deadline too
+            outcome.append(f"failed: no answer within {deadline_s:g} s")
         except (OSError, http.client.HTTPException) as exc:
             outcome.append(f"failed: {exc or type(exc).__name__}")
 
@@ -148,7 +150,10 @@ def post(url: str, payload: dict[str, Any], secret: bytes,
     worker = threading.Thread(target=exchange, daemon=True)
     worker.start()
     worker.join(deadline_s)
-    if worker.is_alive():  # one deadline for connect, send and the answer together
+    # One deadline for connect, send and the answer together. On a loaded machine this
+    # join can return after the socket's timeout (the same deadline) ended the exchange:
+    # the outcome says the same either way.
+    if worker.is_alive():
         conn.close()
         return f"failed: no answer within {deadline_s:g} s"
     return outcome[0] if outcome else f"failed after {time.monotonic() - started:.1f} s"
