@@ -211,14 +211,8 @@ def _next_step(run: Run) -> int:
 
 
 def raise_alert(run: Run, message: str, decision: Decision | None = None) -> None:
-    """An alert is an audited event, pushed to the run page, and POSTed to the policy's
-    webhook if it has one (by a Celery task: a slow receiver never delays a tick)."""
-    payload = {"decision": decision.step if decision else None}
-    actions.record_event(run, EventKind.ALERT, ACTOR, message, payload)
-    if run.policy.alert_webhook:
-        enqueue(Task.SEND_WEBHOOK, run.policy.alert_webhook, {
-            "run": run.pk, "policy": run.policy.name, "message": message,
-            "at": timezone.now().isoformat(), **payload})
+    """A controller's alert (``actions.raise_alert``), naming its decision."""
+    actions.raise_alert(run, ACTOR, message, {"decision": decision.step if decision else None})
 
 
 def finish(decision_id: int, ok: bool, message: str) -> None:

@@ -5,11 +5,13 @@ import logging
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from control import lab, live, loop, webhooks
 from control.models import Decision
 from pipelines.models import RunStatus
-from pipelines.tasks import send_and_wait
+from pipelines.runtime.bus import COMMAND_TTL_S
+from pipelines.tasks import ACK_WAIT_LIMITS, send_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -32,22 +34,36 @@ def control_tick_all() -> dict[str, int]:
     return {"decided": decided}
 
 
-@shared_task
+@shared_task(**ACK_WAIT_LIMITS)
 def apply_decision(decision_id: int) -> str:
     """Send a decision's reconfiguration (workers first, then frequency, or its
-    key-group moves), each acknowledged by the runner, and record when it took effect."""
+    key-group moves), each acknowledged by the runner, and record when it took effect.
+
+    A decision older than the command TTL is not applied (a redelivery after a worker
+    crash: the controller has decided again since), and each command's id is the
+    decision's, so a redelivery within the TTL is not applied twice by the runner."""
     decision = Decision.objects.select_related("run").get(pk=decision_id)
     run = decision.run
     if run.status != RunStatus.RUNNING:
         loop.finish(decision_id, False, f"run is {run.status}")
         return "not running"
+    age_s = (timezone.now() - decision.at).total_seconds()
+    if age_s > COMMAND_TTL_S:
+        message = f"expired: decided {age_s:.0f} s ago, not applied"
+        loop.finish(decision_id, False, message)
+        return message
+    deadline = decision.at.timestamp() + COMMAND_TTL_S
     messages, ok = [], True
     actor = f"controller (decision {decision.step})"
-    for command, args in live.reconfiguration_commands(
+    for index, (command, args) in enumerate(live.reconfiguration_commands(
             {"workers": decision.current_workers, "freq_ghz": decision.current_freq_ghz},
             {"workers": decision.chosen_workers, "freq_ghz": decision.chosen_freq_ghz},
-            decision.action, (decision.inputs or {}).get("rebalance")):
-        done, msg = send_and_wait(run, command, args, actor)
+            decision.action, (decision.inputs or {}).get("rebalance"))):
+        # The first command expires with the decision; a later one follows an
+        # acknowledged command (a migration may have taken minutes) and gets its own TTL.
+        done, msg = send_and_wait(run, command, args, actor,
+                                  command_id=f"decision-{decision.pk}-{index}",
+                                  deadline=deadline if index == 0 else None)
         ok, messages = done, messages + [msg]
         if not ok:  # a later command would act on a configuration that did not happen
             break

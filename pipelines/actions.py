@@ -4,6 +4,7 @@ live clients (Channels group ``run-<id>``)."""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any
@@ -26,6 +27,7 @@ from pipelines.models import (
     RunStatus,
 )
 from pipelines.queue import Task, enqueue
+from pipelines.runtime.bus import COMMAND_TTL_S
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,16 @@ def run_state(run: Run) -> dict[str, Any]:
     return {"id": run.pk, "status": run.status, "reason": run.status_reason,
             "workers": run.workers, "frequency_ghz": run.frequency_ghz,
             "frequency_source": run.frequency_source, "dry_run": run.dry_run,
-            "key_groups": run.key_groups, "spark_app_id": run.spark_app_id}
+            "key_groups": run.key_groups, "spark_app_id": run.spark_app_id,
+            "verification": verification_wire(run.verification)}
+
+
+def verification_wire(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The badge's part of a run's stored verification (the report stays in the DB)."""
+    if not doc:
+        return None
+    return {"state": doc.get("state", "queued"), "ok": doc.get("ok"),
+            "line": doc.get("line", ""), "done": doc.get("done", 0), "of": doc.get("of", 0)}
 
 
 def transition(run: Run, to: str, actor: str, reason: str = "",
@@ -141,7 +152,31 @@ def transition(run: Run, to: str, actor: str, reason: str = "",
         record_event(run, EventKind.status(to), actor, reason or f"status is now {to}",
                      before={"status": was}, after={"status": to})
         push(run.pk, {"type": "run.status", "run": run_state(run)})
+        if to == RunStatus.STOPPED and run.keeps_output and run.checkpoint_dir:
+            request_verification(run, "system", "on stop")
     return bool(changed)
+
+
+def request_verification(run: Run, actor: str, why: str = "") -> tuple[bool, str]:
+    """Queue the exactly-once check of ``run``'s kept output (a Lab-queue job: it reads
+    the whole run back). Returns (queued, what happened); a refusal (still active, or no
+    kept output) is written to the run's log too."""
+    refused = None
+    if run.is_active or run.status == RunStatus.PENDING:
+        refused = f"the run is {run.status}; verify it once it has ended"
+    elif not run.keeps_output or not run.checkpoint_dir:
+        refused = "this run kept no output (its sink's keep_output is off)"
+    if refused:
+        record_event(run, EventKind.VERIFY_REQUESTED, actor, f"not verified: {refused}")
+        return False, refused
+    state = {"state": "queued", "ok": None, "line": "queued", "done": 0, "of": 0}
+    Run.objects.filter(pk=run.pk).update(verification=state)
+    run.verification = state
+    message = "exactly-once check queued" + (f" ({why})" if why else "")
+    record_event(run, EventKind.VERIFY_REQUESTED, actor, message)
+    push(run.pk, {"type": "run.status", "run": run_state(run)})
+    transaction.on_commit(lambda: enqueue(Task.VERIFY_RUN, run.pk, actor))
+    return True, message
 
 
 def update_config(run: Run, **fields: Any) -> None:
@@ -179,8 +214,10 @@ def request_reconfiguration(run: Run, command: str, args: dict[str, Any], user: 
     runner's acknowledgement."""
     record_event(run, EventKind.RECONFIGURE_REQUESTED, actor_for(user), message,
                  {"command": command, **args})
+    deadline = time.time() + COMMAND_TTL_S
     transaction.on_commit(lambda: enqueue(
-        Task.RECONFIGURE_RUN, run.pk, {"command": command, "args": args}, actor_for(user)))
+        Task.RECONFIGURE_RUN, run.pk, {"command": command, "args": args}, actor_for(user),
+        deadline))
 
 
 def request_workers(run: Run, workers: int, user: Any, schedule: str = "batched") -> None:
@@ -247,3 +284,17 @@ def store_samples(run_id: int, wires: list[dict[str, Any]]) -> None:
                                  t=datetime.fromtimestamp(w["t"], tz=dt_timezone.utc),
                                  **fields))
     MetricSample.objects.bulk_create(rows, ignore_conflicts=True)
+
+
+def raise_alert(run: Run, actor: str, message: str,
+                payload: dict[str, Any] | None = None) -> None:
+    """An alert is an audited event, pushed to the run page, and POSTed to the policy's
+    webhook if it has one (by a Celery task, on commit: a slow receiver never delays
+    the caller)."""
+    payload = payload or {}
+    record_event(run, EventKind.ALERT, actor, message, payload)
+    webhook = run.policy.alert_webhook
+    if webhook:
+        body = {"run": run.pk, "policy": run.policy.name, "message": message,
+                "at": timezone.now().isoformat(), **payload}
+        transaction.on_commit(lambda: enqueue(Task.SEND_WEBHOOK, webhook, body))

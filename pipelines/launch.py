@@ -206,6 +206,25 @@ def process_state(pid: int | None) -> str:
     return "alive" if RUNNER_MODULE.encode() in cmdline else "gone"
 
 
+def runner_state(run: Any) -> str:
+    """:func:`process_state` of ``run``'s runner pid, where 'alive' also means the process
+    is this run's runner: its command line names the run's config, or the standby that
+    took the run. Another runner that reused the pid counts as gone."""
+    state = process_state(run.runner_pid)
+    if state != "alive":
+        return state
+    try:
+        cmdline = Path(f"/proc/{run.runner_pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return "gone"
+    marks = [str(Path(run.checkpoint_dir) / "runner.json")] if run.checkpoint_dir else []
+    launched = run.events.filter(kind="runner_launched").order_by("-id").first()
+    standby = launched.payload.get("standby") if launched else None
+    if standby:
+        marks.append(str(Path(settings.STANDBY_ROOT) / standby / "standby.json"))
+    return "alive" if any(mark in cmdline for mark in marks) else "gone"
+
+
 def tail(path: Path, lines: int = 5) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -64,20 +64,25 @@ class RunStatus(models.TextChoices):
     PENDING = "pending"
     STARTING = "starting"
     RUNNING = "running"
+    STALLED = "stalled"  # running, but no batch for many batch times while input waits
     STOPPING = "stopping"
     STOPPED = "stopped"
     FAILED = "failed"
     LOST = "lost"
 
 
-ACTIVE_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STOPPING)
+ACTIVE_STATUSES = (RunStatus.STARTING, RunStatus.RUNNING, RunStatus.STALLED,
+                   RunStatus.STOPPING)
 TERMINAL_STATUSES = (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST)
 # Allowed lifecycle transitions (source -> targets); anything else is refused.
 TRANSITIONS: dict[str, tuple[str, ...]] = {
     RunStatus.PENDING: (RunStatus.STARTING, RunStatus.STOPPED, RunStatus.FAILED),
     RunStatus.STARTING: (RunStatus.RUNNING, RunStatus.STOPPING, RunStatus.STOPPED,
                          RunStatus.FAILED, RunStatus.LOST),
-    RunStatus.RUNNING: (RunStatus.STOPPING, RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST),
+    RunStatus.RUNNING: (RunStatus.STALLED, RunStatus.STOPPING, RunStatus.STOPPED,
+                        RunStatus.FAILED, RunStatus.LOST),
+    RunStatus.STALLED: (RunStatus.RUNNING, RunStatus.STOPPING, RunStatus.STOPPED,
+                        RunStatus.FAILED, RunStatus.LOST),
     RunStatus.STOPPING: (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST),
 }
 
@@ -108,6 +113,10 @@ class Run(models.Model):
     checkpoint_dir = models.CharField(max_length=500, blank=True)
     dry_run = models.BooleanField(
         default=False, help_text="the controller decides and shows, but does not act")
+    verification = models.JSONField(
+        null=True, blank=True, editable=False,
+        help_text="the exactly-once check of the kept output: state, ok, line, done, of, "
+                  "report (pipelines.runtime.verify)")
     bus_token = models.CharField(max_length=16, default=new_bus_token, editable=False,
                                  help_text="makes this run's Redis keys unique")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
@@ -129,6 +138,33 @@ class Run(models.Model):
         return f"{self.pk}.{self.bus_token}"
 
     @property
+    def verification_badge(self) -> tuple[str, str]:
+        """(text, css class) of the exactly-once badge; static/js/run.js mirrors it."""
+        doc = self.verification or {}
+        state = doc.get("state")
+        if state == "done":
+            return ((f"OK · {doc.get('of', 0)} batches", "v-ok") if doc.get("ok")
+                    else ("FAILED", "v-failed"))
+        if state == "running":
+            return (f"checking {doc.get('done', 0)} of {doc['of']}" if doc.get("of")
+                    else "reading", "v-busy")
+        if state == "queued":
+            return "queued", "v-busy"
+        if state == "error":
+            return "not checkable", "v-none"
+        return "not checked", "v-none"
+
+    @property
+    def keeps_output(self) -> bool:
+        """Whether the run's sink keeps its output (what the exactly-once check reads)."""
+        from pipelines.runtime import definition
+
+        try:
+            return definition.validate(self.pipeline_version.definition).keep_output
+        except definition.DefinitionError:
+            return False
+
+    @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
 
@@ -145,6 +181,9 @@ class EventKind(enum.StrEnum):
     CREATED = "created"
     STOP_REQUESTED = "stop_requested"
     START_IGNORED = "start_ignored"
+    START_REQUEUED = "start_requeued"
+    VERIFY_REQUESTED = "verify_requested"
+    VERIFIED = "verified"
     STOP_IGNORED = "stop_ignored"
     RUNNER_LAUNCHED = "runner_launched"
     RECONFIGURE_REQUESTED = "reconfigure_requested"

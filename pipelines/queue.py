@@ -17,6 +17,7 @@ class Task(StrEnum):
     START_RUN = "pipelines.tasks.start_run"
     STOP_RUN = "pipelines.tasks.stop_run"
     RECONFIGURE_RUN = "pipelines.tasks.reconfigure_run"
+    VERIFY_RUN = "pipelines.tasks.verify_run"
     RUN_LAB = "control.tasks.run_lab"
     APPLY_DECISION = "control.tasks.apply_decision"
     SEND_WEBHOOK = "control.tasks.send_webhook"

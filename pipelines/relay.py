@@ -1,11 +1,17 @@
 """The relay: Redis streams of live runs -> Channels groups (push) and the DB (record).
 
 One asyncio loop XREADs the metrics and events streams of every run in ``runs:live``
-(blocking, so a record is forwarded as soon as the runner writes it), pushes first and
-stores second (latency to the browser does not wait for the database), and applies
-runner lifecycle events to the Run (``query_started`` -> running, ``stopped``,
-``failed``). Re-reading a stream after a restart is harmless: samples are unique per
-(run, batch) and relayed events per stream entry id.
+and of every run the database holds as active (blocking, so a record is forwarded as
+soon as the runner writes it), pushes first and stores second (latency to the browser
+does not wait for the database), and applies runner lifecycle events to the Run
+(``query_started`` -> running, ``stopped``, ``failed``).
+
+Redis is a cache and the database the record: the set ``runs:live`` is written once, at
+a run's start, so a Redis restart empties it; the database's active runs are followed
+anyway. A stream's read position advances only past what has been stored, so a database
+or channel-layer error means the same entries are read again, never dropped. Re-reading
+is harmless: samples are unique per (run, batch), relayed events per the runner's
+sequence number, and a batch already pushed is not pushed twice.
 
     python manage.py relay
 """
@@ -23,13 +29,15 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 
 from pipelines import actions
-from pipelines.models import EventKind, Run, RunStatus
+from pipelines.models import ACTIVE_STATUSES, EventKind, Run, RunStatus
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.bus import RunnerEvent
 
 log = logging.getLogger(__name__)
 # On first sight of a run (e.g. relay restart) older samples are stored, not pushed.
 PUSH_MAX_AGE_S = 10.0
+# How often the relay asks the database which runs are active (one indexed query).
+ACTIVE_REFRESH_S = 2.0
 
 
 def _mb(n: float | None) -> str:
@@ -76,11 +84,17 @@ def _run_holds(bus_key: str) -> bool:
     return run.bus_key == bus_key
 
 
+def _active_bus_keys() -> set[str]:
+    """Bus keys of the runs the database holds as active (starting, running, stopping)."""
+    return {busmod.bus_key(pk, token) for pk, token in
+            Run.objects.filter(status__in=ACTIVE_STATUSES).values_list("pk", "bus_token")}
+
+
 def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> bool:
     """Record a runner event and apply it to the run; True when the run has ended."""
     run = Run.objects.get(pk=run_id)
     kind = event.get("type", "unknown")
-    details = {k: v for k, v in event.items() if k not in ("type", "t")}
+    details = {k: v for k, v in event.items() if k not in ("type", "t", "seq")}
     if kind == RunnerEvent.RUNNER_STARTED:
         actions.update_config(run, runner_pid=event.get("pid"))
     elif kind == RunnerEvent.SESSION_STARTED:
@@ -116,23 +130,39 @@ class Relay:
         self.cursors: dict[str, str] = {}
         self.forwarded = 0
         self.known: set[str] = set()  # bus keys whose run the database holds
+        self.active: set[str] = set()  # bus keys of the runs the database holds as active
+        self.active_read_at = float("-inf")
+        # Per metrics stream, the highest batch pushed to the browsers: a batch read again
+        # (storing failed and is retried, or the runner wrote it again after a Redis
+        # restart) is stored, never pushed twice.
+        self.pushed: dict[str, int] = {}
 
     async def step(self, block_ms: int = 500) -> int:
         """One XREAD round over all live runs; returns the entries handled."""
         live = await self.redis.smembers(busmod.LIVE_SET)
-        for bus_key in [k for k in live if k not in self.known]:
+        if time.monotonic() - self.active_read_at >= ACTIVE_REFRESH_S:
+            self.active = await database_sync_to_async(_active_bus_keys)()
+            self.active_read_at = time.monotonic()
+            # A run deleted while live would make every later store fail: let it go.
+            for bus_key in self.known - self.active:
+                if not await database_sync_to_async(_run_holds)(bus_key):
+                    self.known.discard(bus_key)
+                    live.discard(bus_key)
+                    await self.redis.srem(busmod.LIVE_SET, bus_key)
+        for bus_key in [k for k in live if k not in self.known and k not in self.active]:
             if await database_sync_to_async(_run_holds)(bus_key):
                 self.known.add(bus_key)
             else:  # e.g. left by a database that was reset: nothing to record it in
                 log.warning("forgetting live bus key %s: no such run", bus_key)
                 await self.redis.srem(busmod.LIVE_SET, bus_key)
-        self.known &= live
+        self.known = (self.known & live) | self.active
         streams: dict[str, str] = {}
         for bus_key in self.known:
             for key in (busmod.metrics_key(bus_key), busmod.events_key(bus_key)):
                 streams[key] = self.cursors.get(key, "0-0")
         for key in [k for k in self.cursors if k not in streams]:
             del self.cursors[key]
+            self.pushed.pop(key, None)
         if not streams:
             await asyncio.sleep(block_ms / 1000)
             return 0
@@ -140,32 +170,57 @@ class Relay:
         handled = 0
         for key, entries in got or []:
             run_id = busmod.run_id_of(key)
-            first_sight = self.cursors.get(key, "0-0") == "0-0"
-            self.cursors[key] = entries[-1][0]
-            handled += len(entries)
             if key.endswith(":metrics"):
-                await self._metrics(run_id, entries, first_sight)
+                await self._metrics(key, run_id, entries)
             else:
-                await self._events(run_id, key.split(":")[1], entries)
+                await self._events(key, run_id, entries)
+            handled += len(entries)
         return handled
 
-    async def _metrics(self, run_id: int, entries: list, first_sight: bool) -> None:
-        wires = [actions.sample_from_record(json.loads(f["m"])) for _id, f in entries]
+    async def _metrics(self, key: str, run_id: int, entries: list) -> None:
+        """Push the samples not pushed yet, store all, then advance past them."""
+        first_sight = self.cursors.get(key, "0-0") == "0-0"
+        pushed = self.pushed.get(key, -1)
+        wires = []
+        for entry_id, fields in entries:
+            try:
+                wires.append((entry_id, actions.sample_from_record(json.loads(fields["m"]))))
+            except (KeyError, ValueError):  # not the runner contract: nothing to retry
+                log.warning("skipping malformed entry %s of %s", entry_id, key)
         now = time.time()
-        fresh = [w for w in wires if not first_sight
-                 or now - (w.get("written_at") or 0) < PUSH_MAX_AGE_S]
+        fresh = [w for _id, w in wires if (w.get("batch_id") or 0) > pushed
+                 and (not first_sight or now - (w.get("written_at") or 0) < PUSH_MAX_AGE_S)]
         if fresh:
             await self.layer.group_send(actions.group_name(run_id),
                                         {"type": "run.metrics", "samples": fresh})
             self.forwarded += len(fresh)
-        await database_sync_to_async(actions.store_samples)(run_id, wires)
+        self.pushed[key] = max([pushed] + [w.get("batch_id") or 0 for _id, w in wires])
+        await database_sync_to_async(actions.store_samples)(run_id, [w for _id, w in wires])
+        self.cursors[key] = entries[-1][0]
 
-    async def _events(self, run_id: int, bus_key: str, entries: list) -> None:
+    async def _events(self, key: str, run_id: int, entries: list) -> None:
+        """Apply each event in order; the read position passes an event once it is stored."""
+        bus_key = key.split(":")[1]
         for entry_id, fields in entries:
-            ended = await database_sync_to_async(apply_runner_event)(run_id, entry_id,
-                                                            json.loads(fields["e"]))
+            try:
+                event = json.loads(fields["e"])
+            except (KeyError, ValueError):  # not the runner contract: nothing to retry
+                log.warning("skipping malformed entry %s of %s", entry_id, key)
+                self.cursors[key] = entry_id
+                continue
+            # The runner's own sequence number names the event: the same event written
+            # again after a Redis restart has another entry id but the same seq.
+            source_id = f"seq:{event['seq']}" if "seq" in event else entry_id
+            try:
+                ended = await database_sync_to_async(apply_runner_event)(run_id, source_id,
+                                                                         event)
+            except Run.DoesNotExist:  # deleted while live: nothing to record it in
+                ended = True
+            self.cursors[key] = entry_id
             if ended:
                 await self.redis.srem(busmod.LIVE_SET, bus_key)
+                self.known.discard(bus_key)
+                self.active.discard(bus_key)
 
     async def run_forever(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()

@@ -6,8 +6,10 @@ import json
 import logging
 import os
 import signal
-from datetime import timedelta
+import time
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
@@ -16,11 +18,15 @@ from django.utils import timezone
 
 from pipelines import actions, launch
 from pipelines.models import ACTIVE_STATUSES, EventKind, Run, RunStatus
+from pipelines.queue import Task, enqueue
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.bus import RECONFIGURATIONS
 
 WORKER = "celery"
 log = logging.getLogger(__name__)
+# A runner ends cleanly within this long of SIGTERM (after its current micro-batch);
+# a hung one that has not is SIGKILLed by a later reconciler pass.
+RUNNER_TERM_GRACE_S = 10.0
 
 
 @shared_task
@@ -83,17 +89,34 @@ def stop_run(run_id: int, actor: str = "system") -> str:
     return "stopping"
 
 
-@shared_task
-def reconfigure_run(run_id: int, changes: dict, actor: str = "system") -> str:
+# Tasks that wait for a runner's acknowledgement outlive the default time limit: a
+# migration may take COMMAND_ACK_TIMEOUT_S, and a task killed mid-wait would leave its
+# command running unrecorded.
+ACK_WAIT_LIMITS = {"time_limit": settings.COMMAND_ACK_TIMEOUT_S + 120,
+                   "soft_time_limit": settings.COMMAND_ACK_TIMEOUT_S + 60}
+
+
+@shared_task(bind=True, **ACK_WAIT_LIMITS)
+def reconfigure_run(self: Any, run_id: int, changes: dict, actor: str = "system",
+                    deadline: float | None = None) -> str:
     """Send one reconfiguration to the run's runner and record its acknowledgement.
 
     ``changes`` is ``{"command": name, "args": {...}}`` (or the older ``{"workers": n}``).
     The policy's worker range is checked here, the rest by the runner, which answers
-    with the migration's per-step report when state moved."""
+    with the migration's per-step report when state moved. ``deadline`` (epoch s) is
+    when the request expires: a task redelivered after it (a worker crashed) sends
+    nothing; one redelivered before it sends the same command id, which the runner
+    does not apply twice."""
     run = Run.objects.select_related("policy").get(pk=run_id)
     if "command" not in changes:
         changes = {"command": "set_workers", "args": changes}
     command, args = changes["command"], dict(changes.get("args") or {})
+    late = busmod.expired({"name": command, "deadline": deadline})
+    if late is not None:
+        message = (f"reconfigure ignored: the request expired {late:.0f} s before it could "
+                   "be sent (queued too long, or redelivered after a worker crash)")
+        actions.record_event(run, EventKind.RECONFIGURE_IGNORED, actor, message, changes)
+        return message
     if run.status != RunStatus.RUNNING:
         message = f"reconfigure ignored: run {run.pk} is {run.status}, not running"
         actions.record_event(run, EventKind.RECONFIGURE_IGNORED, actor, message, changes)
@@ -111,15 +134,20 @@ def reconfigure_run(run_id: int, changes: dict, actor: str = "system") -> str:
                    f"{policy.max_workers} (policy {policy.name}), got {workers!r}")
         actions.record_event(run, EventKind.RECONFIGURE_REFUSED, actor, message, changes)
         return message
-    return send_and_wait(run, command, args, actor)[1]
+    task_id = self.request.id  # None when called in-process rather than by a worker
+    return send_and_wait(run, command, args, actor,
+                         command_id=f"task-{task_id}" if task_id else None,
+                         deadline=deadline)[1]
 
 
-def send_and_wait(run: Run, command: str, args: dict, actor: str) -> tuple[bool, str]:
+def send_and_wait(run: Run, command: str, args: dict, actor: str,
+                  command_id: str | None = None,
+                  deadline: float | None = None) -> tuple[bool, str]:
     """Send one command to the run's runner, wait for its acknowledgement, audit it and
     update the run's configuration. Returns (ok, message)."""
     bus = launch.run_bus(run)
     changes = {"command": command, "args": args}
-    command_id = bus.send_command(command, **args)
+    command_id = bus.send_command(command, command_id=command_id, deadline=deadline, **args)
     ack = bus.wait_ack(command_id, settings.COMMAND_ACK_TIMEOUT_S)
     if ack is None:
         message = (f"no acknowledgement for {command} {args} within "
@@ -146,16 +174,122 @@ def _last_runner_outcome(bus: busmod.RunBus) -> dict | None:
     return None
 
 
+def redis_restarted_recently(r: Any) -> bool:
+    """Whether Redis has been up for less than a heartbeat's TTL: a restart wiped the
+    heartbeats and the runners have not all written theirs again, so a missing one
+    says nothing about its runner."""
+    return int(r.info("server")["uptime_in_seconds"]) < busmod.HEARTBEAT_TTL_S
+
+
+def _terminate(bus: busmod.RunBus, pid: int) -> bool:
+    """SIGTERM a hung runner, and SIGKILL it if it is still there a grace period later
+    (on a later pass: the reconciler never waits). True once it has been SIGKILLed."""
+    key = f"run:{bus.key}:sigterm_at"
+    sent = bus.r.get(key)
+    if sent is None:
+        os.kill(pid, signal.SIGTERM)
+        bus.r.set(key, time.time(), ex=3600)
+        return False
+    if time.time() - float(sent) < RUNNER_TERM_GRACE_S:
+        return False
+    os.kill(pid, signal.SIGKILL)
+    return True
+
+
+def _end_a_hung_stop(run: Run, bus: busmod.RunBus, now: datetime) -> int:
+    """A run stopping for longer than STOP_TIMEOUT_S whose runner still heartbeats is hung
+    in its stop: SIGTERM, SIGKILL a grace period later, and the run is stopped, saying
+    so. Returns 1 when the run changed."""
+    requested = run.events.filter(kind=EventKind.status(RunStatus.STOPPING)).order_by(
+        "-id").values_list("at", flat=True).first()
+    if requested is None or (now - requested).total_seconds() < settings.STOP_TIMEOUT_S:
+        return 0
+    if launch.runner_state(run) == "alive" and not _terminate(bus, run.runner_pid):
+        return 0
+    bus.clear_heartbeat()
+    bus.mark_done()
+    waited = (now - requested).total_seconds()
+    return int(actions.transition(
+        run, RunStatus.STOPPED, "reconciler",
+        f"the runner did not stop within {waited:.0f} s of the stop request "
+        f"(limit {settings.STOP_TIMEOUT_S:g} s): SIGTERM, then SIGKILL after "
+        f"{RUNNER_TERM_GRACE_S:g} s"))
+
+
+def stall_limit_s(expected_batch_s: float, control_step_s: float) -> float:
+    """How long a query with input waiting may go without a committed batch."""
+    return max(settings.STALL_FACTOR * expected_batch_s, 2 * control_step_s,
+               settings.STALL_MIN_S)
+
+
+def judge_progress(run: Run, heartbeat: dict[str, Any]) -> int:
+    """``running`` -> ``stalled`` (with an alert, and the policy's webhook) when the
+    runner's heartbeat says input waits but no batch has committed for
+    :func:`stall_limit_s`; back to ``running`` when batches resume. The runner's
+    heartbeat thread lives on when its query hangs: this is what catches that. Both
+    times are the runner's clock, so the judgement holds across hosts. Returns 1 when
+    the run changed."""
+    last, expected = heartbeat.get("last_batch_at"), heartbeat.get("expected_batch_s")
+    if last is None or expected is None:
+        return 0  # before the first batch: the start grace covers a hung start
+    quiet = float(heartbeat["t"]) - float(last)
+    limit = stall_limit_s(float(expected), run.policy.control_step_s)
+    if run.status == RunStatus.RUNNING and heartbeat.get("input_waiting") and quiet > limit:
+        message = (f"stalled: no batch for {quiet:.0f} s while input waits (limit "
+                   f"{limit:.0f} s: {settings.STALL_FACTOR:g} x the median batch time of "
+                   f"{expected:.1f} s, at least two control steps)")
+        if not actions.transition(run, RunStatus.STALLED, "reconciler", message):
+            return 0
+        actions.raise_alert(run, "reconciler", message, {"stalled_s": round(quiet, 1)})
+        return 1
+    if run.status == RunStatus.STALLED and quiet <= limit:
+        return int(actions.transition(run, RunStatus.RUNNING, "reconciler",
+                                      "batches resumed"))
+    return 0
+
+
+def _reconcile_pending(now: datetime) -> int:
+    """Runs pending past PENDING_REQUEUE_S have their start queued again (at most once
+    per that period); past PENDING_GIVE_UP_S they have failed. Returns the runs failed."""
+    failed = 0
+    cutoff = now - timedelta(seconds=settings.PENDING_REQUEUE_S)
+    for run in Run.objects.filter(status=RunStatus.PENDING, created_at__lt=cutoff):
+        age = (now - run.created_at).total_seconds()
+        if age > settings.PENDING_GIVE_UP_S:
+            failed += int(actions.transition(
+                run, RunStatus.FAILED, "reconciler",
+                f"never started: no worker took its start within {age:.0f} s"))
+            continue
+        if run.events.filter(kind=EventKind.START_REQUEUED, at__gte=cutoff).exists():
+            continue
+        actions.record_event(run, EventKind.START_REQUEUED, "reconciler",
+                             f"still pending after {age:.0f} s: its start is queued again "
+                             "(a queued start is lost if Redis restarts)")
+        enqueue(Task.START_RUN, run.pk, "reconciler")
+    return failed
+
+
 @shared_task
 def reconcile_runs() -> dict[str, int]:
-    """Mark runs whose runner stopped heartbeating: never show a dead run as running."""
+    """Mark runs whose runner stopped heartbeating: never show a dead run as running.
+
+    A heartbeat is judged against Redis' own availability: while Redis is down this task
+    cannot run at all, and for a heartbeat TTL after Redis comes back nobody is judged.
+    A hung runner (alive, no heartbeat) gets SIGTERM first and SIGKILL only after
+    :data:`RUNNER_TERM_GRACE_S`; a pid is signalled only while it is this run's runner."""
     checked = changed = 0
     now = timezone.now()
+    if redis_restarted_recently(busmod.connect(settings.REDIS_URL)):
+        return {"checked": 0, "changed": 0, "redis_restarted": 1}
     for run in Run.objects.filter(status__in=ACTIVE_STATUSES):
         checked += 1
         bus = launch.run_bus(run)
         heartbeat = bus.read_heartbeat()
         if heartbeat is not None:
+            if run.status == RunStatus.STOPPING:
+                changed += _end_a_hung_stop(run, bus, now)
+            elif run.status in (RunStatus.RUNNING, RunStatus.STALLED):
+                changed += judge_progress(run, heartbeat)
             continue
         # A runner that never reached "running" may still be importing PySpark or
         # starting its session (slow on a loaded machine): it gets a grace period from
@@ -172,18 +306,19 @@ def reconcile_runs() -> dict[str, int]:
             ok = actions.transition(run, RunStatus.FAILED, "reconciler",
                                     outcome.get("reason", "runner failed"))
         else:
-            state = launch.process_state(run.runner_pid)
-            if state == "alive":
-                # Hung (no heartbeat yet alive): end it; we started it, we know its pid.
-                os.kill(run.runner_pid, signal.SIGKILL)
+            state = launch.runner_state(run)
+            if state == "alive" and not _terminate(bus, run.runner_pid):
+                continue  # asked to end; judged again on a later pass
             log_tail = launch.tail(Path(run.checkpoint_dir) / "runner.log", 3)
             reason = (f"runner heartbeat missing for more than {busmod.HEARTBEAT_TTL_S}s; "
                       f"runner pid {run.runner_pid} "
-                      + ("was hung and has been killed" if state == "alive" else "is gone")
+                      + (f"was hung: SIGTERM, then SIGKILL after {RUNNER_TERM_GRACE_S:g} s"
+                         if state == "alive" else "is gone")
                       + (f". Last log lines: {log_tail}" if log_tail else ""))
             ok = actions.transition(run, RunStatus.LOST, "reconciler", reason)
         bus.mark_done()
         changed += int(ok)
+    changed += _reconcile_pending(now)
     try:
         # Runs starting or in their first batches: a standby's warm-up would slow them.
         settling = Run.objects.filter(
@@ -193,3 +328,52 @@ def reconcile_runs() -> dict[str, int]:
     except Exception:  # a standby is an optimisation: never fail the reconciler for it
         log.exception("could not start a standby runner")
     return {"checked": checked, "changed": changed}
+
+
+@shared_task
+def prune_old_data() -> dict[str, Any]:
+    """Celery beat, hourly: apply the retention policy (``pipelines.retention``)."""
+    from pipelines import retention
+
+    return retention.prune(timezone.now()).as_dict()
+
+
+# How often a running check stores and pushes its progress.
+VERIFY_PROGRESS_EVERY_S = 1.0
+
+
+@shared_task(time_limit=3600, soft_time_limit=3540)
+def verify_run(run_id: int, actor: str = "system") -> str:
+    """The exactly-once check of a run's kept output (``pipelines.runtime.verify``), with
+    its progress on the run page; the verdict is stored on the run and in its log."""
+    from pipelines.runtime import verify
+
+    run = Run.objects.get(pk=run_id)
+    last_push = 0.0
+
+    def store(state: dict[str, Any]) -> None:
+        Run.objects.filter(pk=run_id).update(verification=state)
+        run.verification = state
+        actions.push(run_id, {"type": "run.status", "run": actions.run_state(run)})
+
+    def progress(done: int, of: int) -> None:
+        nonlocal last_push
+        if time.monotonic() - last_push >= VERIFY_PROGRESS_EVERY_S or done == of:
+            last_push = time.monotonic()
+            store({"state": "running", "ok": None, "done": done, "of": of,
+                   "line": f"checking batch {done} of {of}"})
+
+    store({"state": "running", "ok": None, "done": 0, "of": 0, "line": "reading the run"})
+    try:
+        report = verify.verify_run_dir(run.checkpoint_dir, progress)
+    except verify.RunDirError as exc:
+        store({"state": "error", "ok": None, "done": 0, "of": 0, "line": str(exc)})
+        actions.record_event(run, EventKind.VERIFIED, WORKER, f"not verified: {exc}")
+        return f"error: {exc}"
+    line = report.line().removeprefix("verifier: ")
+    store({"state": "done", "ok": report.ok, "done": report.batches, "of": report.batches,
+           "line": line, "report": report.as_dict()})
+    actions.record_event(run, EventKind.VERIFIED, WORKER, line,
+                         {k: v for k, v in report.as_dict().items() if k != "problems"}
+                         | {"problems": report.problems[:5], "requested_by": actor})
+    return line

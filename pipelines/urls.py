@@ -15,4 +15,6 @@ urlpatterns = [
     path("runs/<int:pk>/frequency/", views.run_frequency, name="run-frequency"),
     path("runs/<int:pk>/move-groups/", views.run_move_groups, name="run-move-groups"),
     path("runs/<int:pk>/dry-run/", views.run_dry_run, name="run-dry-run"),
+    path("runs/<int:pk>/verify/", views.run_verify, name="run-verify"),
+    path("retention/", views.retention_page, name="retention"),
 ]

@@ -192,6 +192,18 @@ def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @run_command
+def run_verify(request: HttpRequest, pk: int) -> HttpResponse:
+    """Check the run's kept output for loss, duplicates and wrong values (a job)."""
+    run = get_object_or_404(Run, pk=pk)
+    queued, message = actions.request_verification(run, actions.actor_for(request.user))
+    if queued:
+        messages.success(request, f"Run {run.pk}: {message}.")
+    else:
+        messages.error(request, f"Run {run.pk} cannot be checked now: {message}.")
+    return redirect("run-detail", pk=run.pk)
+
+
+@run_command
 def run_dry_run(request: HttpRequest, pk: int) -> HttpResponse:
     """The dry-run switch: the controller keeps deciding and showing, but does not act."""
     run = get_object_or_404(Run, pk=pk)
@@ -199,3 +211,20 @@ def run_dry_run(request: HttpRequest, pk: int) -> HttpResponse:
     loop.set_dry_run(run, on, request.user)
     messages.success(request, f"Run {run.pk}: dry run {'on' if on else 'off'}.")
     return redirect("run-detail", pk=run.pk)
+
+
+@login_required
+def retention_page(request: HttpRequest) -> HttpResponse:
+    """What Streamwise keeps and for how long, and what the next hourly pass would
+    delete (admins: the same people as the admin site)."""
+    from django.core.exceptions import PermissionDenied
+    from django.utils import timezone
+
+    from pipelines import retention
+
+    if not request.user.is_staff:
+        raise PermissionDenied
+    policy = retention.RetentionPolicy.from_settings()
+    return render(request, "pipelines/retention.html",
+                  {"policy": policy.describe(),
+                   "next_pass": retention.pending(timezone.now(), policy)})

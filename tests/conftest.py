@@ -118,7 +118,10 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
     py = sys.executable
     commands = {
         "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                   "--concurrency", "3", "-n", f"test-{port}@%h"],
+                   "-Q", settings.CONTROL_QUEUE, "--concurrency", "3", "-n", f"test-{port}@%h"],
+        "lab-worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
+                       "-Q", settings.LAB_QUEUE, "--concurrency", "1",
+                       "-n", f"lab-test-{port}@%h"],
         "beat": [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
                  "-s", str(logs / "celerybeat-schedule")],
         "relay": [py, str(ROOT / "manage.py"), "relay"],
@@ -137,7 +140,8 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
 
     try:
         wait_for(web_up, 60, "daphne to listen")
-        wait_for(lambda: celery_app.control.ping(timeout=0.5), 60, "the Celery worker")
+        wait_for(lambda: len(celery_app.control.ping(timeout=0.5) or []) >= 2, 60,
+                 "the Celery workers of both queues")
         yield Stack(base_url=f"http://127.0.0.1:{port}", env=env, logs=logs)
     finally:
         for proc in procs:

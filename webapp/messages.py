@@ -12,6 +12,16 @@ import typing
 from typing import Any, Literal, NotRequired, TypedDict, Union
 
 
+class Verification(TypedDict):
+    """The exactly-once check of a run's kept output (``pipelines.runtime.verify``)."""
+
+    state: str  # queued, running, done, error
+    ok: bool | None  # done: nothing lost, duplicated or wrong
+    line: str  # one line for the badge's title
+    done: int  # batches checked so far
+    of: int  # batches to check
+
+
 class RunState(TypedDict):
     id: int
     status: str
@@ -22,6 +32,7 @@ class RunState(TypedDict):
     dry_run: bool
     key_groups: int | None
     spark_app_id: str
+    verification: Verification | None
 
 
 class OperatorBytes(TypedDict):

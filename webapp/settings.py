@@ -141,8 +141,18 @@ CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_TIME_LIMIT = 300
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Two queues, each with its own worker: the control plane's tasks (start, stop,
+# reconfigure, control ticks, the reconciler) never wait behind Lab comparisons, which
+# run for minutes; four Lab submissions once filled every slot and stopped the control loop.
+CONTROL_QUEUE, LAB_QUEUE = "control", "lab"
+CELERY_TASK_DEFAULT_QUEUE = CONTROL_QUEUE
+CELERY_TASK_ROUTES = {"control.tasks.run_lab": {"queue": LAB_QUEUE},
+                      # the exactly-once check reads a whole run back: minutes, one core
+                      "pipelines.tasks.verify_run": {"queue": LAB_QUEUE}}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
+    # Retention (pipelines.retention): thin old metric samples, prune old runs' detail.
+    "prune-old-data": {"task": "pipelines.tasks.prune_old_data", "schedule": 3600.0},
     "reconcile-runs": {"task": "pipelines.tasks.reconcile_runs",
                        "schedule": float(os.environ.get("RECONCILE_EVERY_S", "3"))},
     # The closed loop: every second, one tick for each run whose control step is due
@@ -181,6 +191,24 @@ RUNNER_START_GRACE_S = float(os.environ.get("RUNNER_START_GRACE_S", "30"))
 # (pipelines.runtime.reconfigure.MIGRATION_TIMEOUT_S, 600 s) plus an executor's start: a
 # shorter wait marked a slow scale-up failed while the runner went on to finish it.
 COMMAND_ACK_TIMEOUT_S = float(os.environ.get("COMMAND_ACK_TIMEOUT_S", "720"))
+# A run still pending this long has its start queued again (a queued task is lost when
+# Redis restarts; starting is idempotent), and one pending this long has failed.
+PENDING_REQUEUE_S = float(os.environ.get("PENDING_REQUEUE_S", "60"))
+PENDING_GIVE_UP_S = float(os.environ.get("PENDING_GIVE_UP_S", "900"))
+# Retention (pipelines.retention; the /retention/ page shows it): raw metric samples for
+# this many days, then one per bucket; runner progress events and unapplied decisions,
+# and kept output and checkpoints, this many days after their run ended.
+RETAIN_RAW_SAMPLES_DAYS = float(os.environ.get("RETAIN_RAW_SAMPLES_DAYS", "7"))
+RETAIN_SAMPLE_BUCKET_S = int(os.environ.get("RETAIN_SAMPLE_BUCKET_S", "60"))
+RETAIN_DETAIL_DAYS = float(os.environ.get("RETAIN_DETAIL_DAYS", "30"))
+RETAIN_FILES_DAYS = float(os.environ.get("RETAIN_FILES_DAYS", "7"))
+# A runner still heartbeating this long after a stop request is hung in its stop: it
+# gets SIGTERM, then SIGKILL (one micro-batch, the longest step of a stop, is far less).
+STOP_TIMEOUT_S = float(os.environ.get("STOP_TIMEOUT_S", "120"))
+# A running query with input waiting but no committed batch for STALL_FACTOR x its median
+# batch time (at least two control steps, at least STALL_MIN_S) is stalled.
+STALL_FACTOR = float(os.environ.get("STALL_FACTOR", "5"))
+STALL_MIN_S = float(os.environ.get("STALL_MIN_S", "5"))
 
 LOGGING = {
     "version": 1, "disable_existing_loggers": False,

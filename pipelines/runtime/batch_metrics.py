@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import queue
+import statistics
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -79,6 +80,10 @@ class BatchMetrics:
         self.last_ran_on: dict[int, str] = {}
         self.boundary_ms: float | None = None  # the last between-batches pause
         self.repinned = 0
+        # For stall detection (progress_facts): what the query has read, how long
+        # its recent batches took.
+        self.last_source_end = 0
+        self.batch_s: collections.deque[float] = collections.deque(maxlen=20)
 
     # ------------------------------------------------------------ listener thread
     def on_commit(self, commit: Any) -> None:
@@ -133,8 +138,23 @@ class BatchMetrics:
             "frequency_ghz": 0.0, "frequency_source": "", "power_w": None,
             "power_source": "",
         }
+        if record["source_end"] is not None:
+            self.last_source_end = record["source_end"]
+        self.batch_s.append(record["batch_duration_ms"] / 1000.0)
         self.queue.put(record)
         return record
+
+    def progress_facts(self, now: float) -> dict[str, Any]:
+        """What the control plane judges a stall by (``pipelines.tasks``), for the
+        heartbeat: when the last batch committed, whether the source has scheduled input
+        the query has not read, and the median time of the recent batches. Empty before
+        the first batch (a query's first batch is its slowest)."""
+        if not self.batches or self.last_commit_at is None:
+            return {}
+        return {"last_batch_at": self.last_commit_at,
+                "input_waiting": self.schedule.records_by(now - self.clock.t0)
+                > self.last_source_end,
+                "expected_batch_s": statistics.median(list(self.batch_s))}
 
     # ------------------------------------------------------------- monitor thread
     def monitor(self, rest: placement.SparkRest, tracker: Any, job_group: str,

@@ -39,6 +39,7 @@ from control.strategies.mpc import Config
 from pipelines.runtime import bus as busmod
 from pipelines.runtime import calibration, cluster, definition, elastic, power, verify
 from pipelines.runtime.harness import HarnessError, RunnerProcess
+from pipelines.runtime.reconfigure import MIGRATION_TIMEOUT_S
 
 SCHEDULES = elastic.STRATEGIES
 
@@ -456,7 +457,10 @@ class HarnessLoop:
 
         # The decision's own current configuration, as apply_decision uses: an
         # acknowledged 2.445 GHz is the settable 2.45, not a change.
-        self.waiting += [self.run.bus.send_command(command, **args)
+        # Sent together, so a later one waits behind the first's migration in the
+        # runner: its deadline allows for that wait.
+        deadline = time.time() + busmod.COMMAND_TTL_S + MIGRATION_TIMEOUT_S
+        self.waiting += [self.run.bus.send_command(command, deadline=deadline, **args)
                          for command, args in live.reconfiguration_commands(
                              decision.current, decision.chosen, decision.action,
                              decision.inputs.get("rebalance"))]

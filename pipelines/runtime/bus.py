@@ -14,11 +14,23 @@ run's streams or a late heartbeat):
 
 Streams are capped (``MAXLEN ~``) so a forgotten run cannot fill Redis. JSON keeps the
 contract readable from ``redis-cli`` and from any language.
+
+What a runner writes (metrics, events, acks) goes through an outbox: while Redis is
+away the entries wait in order in the runner's memory and are written when it is back,
+so a Redis restart delays records but neither loses them nor fails the query. Redis
+keeps no disk copy, so a restart also loses what it held but the relay had not read
+yet: the runner notices the new server (its ``run_id``) and writes its last
+``RESEND_WINDOW_S`` of entries again. Re-reading is harmless downstream: samples are
+unique per batch, and events carry the runner's ``seq``.
 """
 from __future__ import annotations
 
+import collections
 import enum
+import itertools
 import json
+import sys
+import threading
 import time
 import uuid
 from typing import Any, NotRequired, TypedDict
@@ -29,6 +41,11 @@ HEARTBEAT_TTL_S = 10
 HEARTBEAT_EVERY_S = 2.0
 STREAM_MAXLEN = 20_000
 LIVE_SET = "runs:live"
+# Entries a runner holds while Redis is away: a day of one-second batches; past that the
+# oldest are dropped (and counted) rather than the runner's memory growing without end.
+OUTBOX_MAX = 100_000
+# What a runner writes again when Redis restarted empty (the relay reads within a second).
+RESEND_WINDOW_S = 60.0
 
 
 class RunnerEvent(enum.StrEnum):
@@ -64,6 +81,11 @@ class RunnerCommand(enum.StrEnum):
     SET_FREQUENCY = "set_frequency"  # {ghz}
 
 
+# A reconfiguration not begun by then is refused, by the runner or by the task that
+# would send it: a redelivered or long-queued command acts on a run that has moved on.
+# (A stop never expires: it may wait out a slow start, and stopping twice is harmless.)
+COMMAND_TTL_S = 120.0
+
 # The commands that reconfigure a running query (all but stop), one at a time.
 RECONFIGURATIONS = tuple(c.value for c in RunnerCommand if c is not RunnerCommand.STOP)
 
@@ -71,10 +93,20 @@ RECONFIGURATIONS = tuple(c.value for c in RunnerCommand if c is not RunnerComman
 class Command(TypedDict):
     """One entry of ``run:<key>:commands`` (field ``c``)."""
 
-    id: str
+    id: str  # the same id for a resend of the same request (a redelivered task)
     name: RunnerCommand
     args: dict[str, Any]
     sent_at: float
+    deadline: NotRequired[float]  # epoch s; refused as expired if not begun by then
+
+
+def expired(command: Command | dict[str, Any], now: float | None = None) -> float | None:
+    """Seconds past ``command``'s deadline, or None while it may still be acted on."""
+    deadline = command.get("deadline")
+    if deadline is None or command.get("name") == RunnerCommand.STOP:
+        return None
+    late = (time.time() if now is None else now) - float(deadline)
+    return late if late > 0 else None
 
 
 class Ack(TypedDict):
@@ -190,19 +222,103 @@ class RunBus:
         self.r = client
         self.key = key
         self.run_id = run_id_of(key)
+        self._outbox: collections.deque[tuple[str, str, str]] = collections.deque(
+            maxlen=OUTBOX_MAX)
+        self._outbox_lock = threading.Lock()
+        self._away = False
+        self.dropped = 0  # entries the full outbox let go
+        # Entries written lately, (time, stream, field, JSON), to write again should Redis
+        # restart empty; and the server they were written to (INFO's run_id).
+        self._recent: collections.deque[tuple[float, str, str, str]] = collections.deque(
+            maxlen=OUTBOX_MAX)
+        self._server: str | None = None
+        self.resent = 0
+        self._event_seq = itertools.count()
 
     # ---------------------------------------------------------------- runner side
-    def publish_metrics(self, record: MetricsRecord) -> str:
-        wire = {**record, "run_id": self.run_id, "written_at": time.time()}
-        return self.r.xadd(metrics_key(self.key), {"m": json.dumps(wire)},
-                           maxlen=STREAM_MAXLEN, approximate=True)
+    def _write(self, stream: str, field: str, body: dict[str, Any]) -> str | None:
+        """Append to ``stream`` after everything still waiting in the outbox; the entry
+        id, or None when Redis is away (the entry then waits for the next write or
+        :meth:`flush`)."""
+        with self._outbox_lock:
+            if len(self._outbox) == OUTBOX_MAX:
+                self.dropped += 1
+            self._outbox.append((stream, field, json.dumps(body)))
+            return self._flush_locked()
 
-    def publish_event(self, kind: RunnerEvent, **payload: Any) -> str:
-        body = {"type": str(RunnerEvent(kind)), "t": time.time(), **payload}
-        return self.r.xadd(events_key(self.key), {"e": json.dumps(body)},
-                           maxlen=STREAM_MAXLEN, approximate=True)
+    def flush(self) -> bool:
+        """Write what waits in the outbox; True when it is empty."""
+        with self._outbox_lock:
+            self._flush_locked()
+            return not self._outbox
+
+    @property
+    def waiting(self) -> int:
+        """Entries held in the outbox, not yet on Redis."""
+        return len(self._outbox)
+
+    def _note_server(self) -> None:
+        """Remember which Redis server holds our entries; if it is a new one (a restart
+        lost its memory), queue the recent entries again, ahead of the waiting ones."""
+        server = str(self.r.info("server").get("run_id"))
+        if self._server is not None and server != self._server:
+            cutoff = time.time() - RESEND_WINDOW_S
+            again = [(stream, field, raw) for t, stream, field, raw in self._recent
+                     if t >= cutoff]
+            self._outbox.extendleft(reversed(again))
+            self._recent.clear()
+            self.resent += len(again)
+            print(f"Redis restarted: writing the last {len(again)} entries again",
+                  file=sys.stderr, flush=True)
+        self._server = server
+
+    def check_server(self) -> None:
+        """Called every heartbeat: notice a Redis that restarted between two writes."""
+        with self._outbox_lock:
+            try:
+                self._note_server()
+            except (redis.ConnectionError, redis.TimeoutError):
+                self._away = True
+                return
+            if self._outbox:
+                self._flush_locked()
+
+    def _flush_locked(self) -> str | None:
+        entry_id = None
+        try:
+            if self._away or self._server is None:
+                self._note_server()
+            while self._outbox:
+                stream, field, raw = self._outbox[0]
+                entry_id = self.r.xadd(stream, {field: raw}, maxlen=STREAM_MAXLEN,
+                                       approximate=True)
+                self._outbox.popleft()
+                now = time.time()
+                self._recent.append((now, stream, field, raw))
+                while self._recent and self._recent[0][0] < now - RESEND_WINDOW_S:
+                    self._recent.popleft()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            if not self._away:
+                print(f"Redis unreachable, holding records: {exc}", file=sys.stderr,
+                      flush=True)
+            self._away = True
+            return None
+        if self._away:
+            print("Redis is back; held records written", file=sys.stderr, flush=True)
+            self._away = False
+        return entry_id
+
+    def publish_metrics(self, record: MetricsRecord) -> str | None:
+        wire = {**record, "run_id": self.run_id, "written_at": time.time()}
+        return self._write(metrics_key(self.key), "m", wire)
+
+    def publish_event(self, kind: RunnerEvent, **payload: Any) -> str | None:
+        body = {"type": str(RunnerEvent(kind)), "t": time.time(), **payload,
+                "seq": next(self._event_seq)}
+        return self._write(events_key(self.key), "e", body)
 
     def heartbeat(self, **payload: Any) -> None:
+        self.check_server()
         self.r.set(heartbeat_key(self.key), json.dumps({"t": time.time(), **payload}),
                    ex=HEARTBEAT_TTL_S)
 
@@ -219,15 +335,19 @@ class RunBus:
 
     def ack(self, command_id: str, ok: bool, message: str, **payload: Any) -> None:
         ack: Ack = {"command_id": command_id, "ok": ok, "message": message, "t": time.time()}
-        self.r.xadd(acks_key(self.key), {"a": json.dumps({**ack, **payload})},
-                    maxlen=STREAM_MAXLEN, approximate=True)
+        self._write(acks_key(self.key), "a", {**ack, **payload})
 
     # --------------------------------------------------------- control-plane side
-    def send_command(self, name: RunnerCommand | str, **args: Any) -> str:
-        """Queue a command for the runner (ValueError for a name it does not take)."""
-        command_id = uuid.uuid4().hex
+    def send_command(self, name: RunnerCommand | str, *, command_id: str | None = None,
+                     deadline: float | None = None, **args: Any) -> str:
+        """Queue a command for the runner (ValueError for a name it does not take).
+        ``command_id`` names the request (a resend with the same id is not applied
+        again); ``deadline`` defaults to :data:`COMMAND_TTL_S` from now."""
+        command_id = command_id or uuid.uuid4().hex
+        now = time.time()
         command: Command = {"id": command_id, "name": RunnerCommand(name), "args": args,
-                            "sent_at": time.time()}
+                            "sent_at": now,
+                            "deadline": now + COMMAND_TTL_S if deadline is None else deadline}
         self.r.xadd(commands_key(self.key), {"c": json.dumps(command)},
                     maxlen=STREAM_MAXLEN, approximate=True)
         return command_id

@@ -154,24 +154,39 @@ def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
     raise ClusterError(f"Spark cluster not ready after {timeout_s:.0f}s; see {workdir}")
 
 
-def stop(info: ClusterInfo) -> None:
-    """Stop the worker (its executors die with it) and then the master; by pid only."""
+def stop(info: ClusterInfo, grace_s: float = 5.0) -> None:
+    """Stop the worker (its executors die with it) and the master, by pid only: SIGTERM
+    to both process groups, then SIGKILL to what is left after ``grace_s`` (one wait for
+    both, so a benchmark being stopped is gone within seconds)."""
+    pids = []
     for pid in (info.worker_pid, info.master_pid):
         try:
             os.killpg(pid, signal.SIGTERM)
+            pids.append(pid)
         except ProcessLookupError:
             continue
-        for _ in range(50):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    deadline = time.monotonic() + grace_s
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _exists(pid)]
+        time.sleep(0.1)
+    for pid in pids:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _exists(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie has ended: reaped here if it is our child)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 def load(workdir: Path) -> ClusterInfo | None:

@@ -540,7 +540,7 @@ def _moving_mean(doc: dict[str, Any], path: str,
 
 def _sink(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
     _allowed(doc, path, {"id", "type", "input", "keep_output"})
-    keep = doc.get("keep_output", False)
+    keep = doc.get("keep_output", True)
     if not isinstance(keep, bool):
         raise GraphError(f"{path}.keep_output", "must be true or false")
     return {"keep_output": keep}, dict(inputs[0].columns)

@@ -82,7 +82,9 @@ class PipelineSpec:
     trigger_ms: int
     max_records_per_batch: int
     state_store: str = "rocksdb"
-    keep_output: bool = False
+    # On by default: the exactly-once check of every run reads it (pipelines.retention
+    # prunes it); benchmarks of the engine alone turn it off.
+    keep_output: bool = True
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
     # A dataflow pipeline (``dataflow.py``): its DAG; ``operators`` is then empty.
     graph: dataflow.Graph | None = field(default=None, compare=False)
@@ -443,7 +445,7 @@ def validate(doc: Any) -> PipelineSpec:
     sink = _obj(doc.get("sink", {"type": "latency"}), "sink")
     _allowed(sink, "sink", {"type", "keep_output"})
     _choice(sink, "type", "sink", ("latency",), default="latency")
-    keep_output = sink.get("keep_output", False)
+    keep_output = sink.get("keep_output", True)
     if not isinstance(keep_output, bool):
         raise DefinitionError("sink.keep_output", "must be true or false")
     options = _run_options(doc)

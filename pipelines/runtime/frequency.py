@@ -12,11 +12,20 @@
 
 ``choose_actuator`` picks cpufreq when it is writable, else the throttle. Both report
 the frequency they set; the runner publishes it with the label, never as a reading.
+
+A process the throttle has stopped must not stay stopped when the runner dies (SIGKILL
+runs no cleanup): while throttling, a watchdog process holds a pipe from the runner and
+the list of pids; when the pipe closes, for whatever reason, it continues them all.
+
+    python -m pipelines.runtime.frequency watchdog   (started by the throttle)
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -185,6 +194,7 @@ class DutyCycleThrottle:
         self._stop = threading.Event()
         self._stopped: set[int] = set()
         self._lock = threading.Lock()
+        self._watchdog: subprocess.Popen | None = None
 
     def frequencies(self) -> tuple[float, ...]:
         return tuple(round(self.f_max * s, 2) for s in EMULATED_STEPS)
@@ -217,6 +227,32 @@ class DutyCycleThrottle:
             else:
                 self._stopped.discard(pid)
 
+    def _tell_watchdog(self, pids: list[int]) -> None:
+        """Give the watchdog the pids to continue should this process die."""
+        if self._watchdog is None or self._watchdog.poll() is not None:
+            self._watchdog = subprocess.Popen(
+                [sys.executable, "-m", __name__, "watchdog"], stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL, start_new_session=True,
+                cwd=Path(__file__).resolve().parents[2])  # where the package imports from
+        assert self._watchdog.stdin is not None
+        try:
+            self._watchdog.stdin.write((json.dumps(pids) + "\n").encode())
+            self._watchdog.stdin.flush()
+        except OSError:  # it died: a new one is started on the next listing
+            self._watchdog = None
+
+    def _end_watchdog(self) -> None:
+        if self._watchdog is not None:
+            try:
+                self._watchdog.stdin.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+            try:
+                self._watchdog.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+            self._watchdog = None
+
     def _loop(self) -> None:
         pids: list[int] = []
         listed = 0.0
@@ -224,6 +260,7 @@ class DutyCycleThrottle:
             now = time.monotonic()
             if now - listed >= self.refresh_s:
                 pids, listed = self.pids(), now
+                self._tell_watchdog(pids)
             on = self.period_s * self.duty
             with self._lock:
                 self._signal(pids, signal.SIGCONT)
@@ -236,6 +273,7 @@ class DutyCycleThrottle:
             time.sleep(max(self.period_s - on, 0.0))
         with self._lock:
             self._signal(list(self._stopped), signal.SIGCONT)
+        self._end_watchdog()
 
     def stop(self) -> None:
         """Continue every process and end the loop (idempotent)."""
@@ -257,3 +295,29 @@ def choose_actuator(app_id: str, f_max_ghz: float,
         return CpufreqActuator(root)
     return DutyCycleThrottle(
         lambda: [p for tree in executor_processes(app_id).values() for p in tree], f_max_ghz)
+
+
+def watchdog_main() -> int:
+    """Read pid lists (JSON, one per line) from stdin, the pipe the throttle holds; when
+    it closes (the throttle ended, or its process died), continue the last list's
+    processes. Continuing a process that runs is harmless."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the group is the runner's
+    pids: list[int] = []
+    for line in sys.stdin:
+        try:
+            pids = [int(p) for p in json.loads(line)]
+        except (ValueError, TypeError):
+            continue
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            continue
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["watchdog"]:
+        print("usage: python -m pipelines.runtime.frequency watchdog", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(watchdog_main())

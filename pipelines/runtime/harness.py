@@ -55,8 +55,23 @@ class RunnerProcess:
     def __enter__(self) -> RunnerProcess:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.stop()
+        else:  # failing or being stopped (SIGTERM, Ctrl-C): no graceful 90 s
+            self.terminate()
+
+    def terminate(self, grace_s: float = 5.0) -> None:
+        """End the runner fast: SIGTERM (it stops its query and leaves), SIGKILL after
+        ``grace_s`` (its driver JVM exits with it; its executors with the cluster)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
 
     def stop(self, timeout_s: float = 90.0) -> None:
         if self.proc is None or self.proc.poll() is not None:

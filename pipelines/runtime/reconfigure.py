@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.runtime import elastic, frequency
 from pipelines.runtime.batch_metrics import BatchMetrics
-from pipelines.runtime.bus import Command, RunBus, RunnerEvent
+from pipelines.runtime.bus import Command, RunBus, RunnerEvent, expired
 from pipelines.runtime.definition import PipelineSpec
 from pipelines.runtime.session import EXECUTOR_WAIT_S
 
@@ -152,6 +152,11 @@ class Reconfigurer:
             if cmd is None:
                 break
             name, args, cid = cmd.get("name"), cmd.get("args") or {}, cmd.get("id", "")
+            late = expired(cmd)
+            if late is not None:  # waited behind a long reconfiguration
+                self.bus.ack(cid, False, f"{name} refused: it expired {late:.0f} s ago while "
+                             "queued behind another reconfiguration", expired=True)
+                continue
             try:
                 ok, message, payload = getattr(self, f"cmd_{name}")(args)
             except elastic.ElasticError as exc:

@@ -97,6 +97,8 @@ class Runner:
         self.standby_id = standby_id
         self.spec = definition.validate(cfg.definition)
         self.stop_event = threading.Event()
+        # Ids of the commands received: a resend of the same request is not applied twice.
+        self.commands_seen: set[str] = set()
         self.stop_reason = "stop requested"
         self.phase = "starting"
         self.heartbeat_lock = threading.Lock()
@@ -296,6 +298,29 @@ class Runner:
         self.stop_event.set()
         self.reconfig.submit(None)
 
+    def terminate(self) -> None:
+        """SIGTERM: stop as on a stop command, but be gone within SIGTERM_EXIT_S whatever
+        happens (the reconciler SIGKILLs a runner that is not, and a benchmark's cleanup
+        waits no longer); past it, leave at once, executors continued and the end told."""
+        if self.stop_event.is_set() and self.stop_reason == "SIGTERM":
+            return  # a second SIGTERM: the first one's deadline stands
+        self.request_stop("SIGTERM")
+        timer = threading.Timer(SIGTERM_EXIT_S, self._exit_now)
+        timer.daemon = True
+        timer.start()
+
+    def _exit_now(self) -> None:
+        try:
+            if self.reconfig.actuator is not None:
+                self.reconfig.actuator.restore()
+            self.end_heartbeat()
+            self.bus.publish_event(RunnerEvent.STOPPED, batches=self.metrics.batches,
+                                   reason=f"SIGTERM; the query had not stopped within "
+                                          f"{SIGTERM_EXIT_S:g} s, so the runner left at once")
+            self.bus.flush()
+        finally:
+            os._exit(0)
+
     # ------------------------------------------------------------------ heartbeat
     def _heartbeat_loop(self) -> None:
         while self.phase != "stopped":
@@ -305,9 +330,11 @@ class Runner:
                 with self.heartbeat_lock:
                     if self.phase == "stopped":
                         break
+                    facts = (self.metrics.progress_facts(time.time())
+                             if self.phase == "running" else {})
                     self.bus.heartbeat(pid=os.getpid(), phase=self.phase,
                                        batches=self.metrics.batches,
-                                       workers=self.workers)
+                                       workers=self.workers, **facts)
             except Exception as exc:  # Redis blip: the TTL gives us a few tries
                 print(f"heartbeat failed: {exc}", file=sys.stderr, flush=True)
             time.sleep(busmod.HEARTBEAT_EVERY_S)
@@ -330,12 +357,21 @@ class Runner:
         """``stop`` is executed at once; reconfigurations queue for the reconfiguration
         thread, so one runs at a time and a long migration never delays a stop."""
         name, args, cid = cmd.get("name"), cmd.get("args") or {}, cmd.get("id", "")
+        if cid and cid in self.commands_seen:
+            self.bus.ack(cid, False, f"{name} {cid} was received before; not applied again",
+                         duplicate=True)
+            return
+        self.commands_seen.add(cid)
+        late = busmod.expired(cmd)
         if name == "stop":
             self.bus.ack(cid, True, "stopping after the current micro-batch")
             self.request_stop(args.get("reason") or "stop requested")
         elif name not in RECONFIGURATIONS:
             self.bus.ack(cid, False, f"unknown command {name!r} (known: stop, "
                          f"{', '.join(RECONFIGURATIONS)})")
+        elif late is not None:
+            self.bus.ack(cid, False, f"{name} refused: it expired {late:.0f} s before the "
+                         "runner received it", expired=True)
         elif self.phase != "running" and self.query is None:
             self.bus.ack(cid, False, f"cannot {name} while {self.phase}")
         else:
@@ -355,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     return run_main(argv[0])
 
 
+# After SIGTERM a runner is gone within this long (Runner.terminate).
+SIGTERM_EXIT_S = 8.0
+
+
 def run_main(config_path: str, session: Any = None, standby_id: str | None = None) -> int:
     """Run one run from its config file (in a standby: on the standby's session)."""
     try:
@@ -369,7 +409,7 @@ def run_main(config_path: str, session: Any = None, standby_id: str | None = Non
     except definition.DefinitionError as exc:
         runner_bus.publish_event(RunnerEvent.FAILED, reason=f"invalid definition: {exc}")
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: runner.request_stop("SIGTERM"))
+    signal.signal(signal.SIGTERM, lambda *_: runner.terminate())
     signal.signal(signal.SIGINT, lambda *_: runner.request_stop("SIGINT"))
     try:
         runner.run()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from pipelines.runtime.query import output_path
 
 MAX_PROBLEMS = 20
 RTOL = 1e-9
+Progress = Callable[[int, int], None]  # (batches checked, batches to check)
 
 
 @dataclass
@@ -131,8 +133,19 @@ def _read_output(output_dir: Path, batch: int) -> pd.DataFrame | None:
     return pq.read_table(path).to_pandas()
 
 
+def _tracked(committed: list[int], progress: Progress | None) -> Iterator[int]:
+    """The committed batches, telling ``progress`` (done, of) as each is checked."""
+    for done, batch in enumerate(committed):
+        if progress is not None:
+            progress(done, len(committed))
+        yield batch
+    if progress is not None:
+        progress(len(committed), len(committed))
+
+
 def verify(spec: definition.PipelineSpec, t0: float, checkpoint: Path | str,
-           output_dir: Path | str) -> VerifyReport:
+           output_dir: Path | str, progress: Progress | None = None) -> VerifyReport:
+    """Check a run's kept output batch by batch; ``progress(done, of)`` hears of each."""
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     report = VerifyReport()
     ends = end_offsets(checkpoint)
@@ -148,16 +161,18 @@ def verify(spec: definition.PipelineSpec, t0: float, checkpoint: Path | str,
                        "start; runs that keep output keep their whole log")
         return report
     if spec.graph is not None:
-        _verify_reference(spec, t0, committed, ends, checkpoint, output_dir, report)
+        _verify_reference(spec, t0, committed, ends, checkpoint, output_dir, report,
+                          progress)
         return report
     schedule, keys = spec.schedule(), spec.key_distribution()
     starts = {b: ends.get(b - 1, 0) for b in committed}
     stateful = spec.stateful
     if stateful.type == "hft_window":
-        _verify_hft(spec, t0, committed, starts, ends, output_dir, report, schedule, keys)
+        _verify_hft(spec, t0, committed, starts, ends, output_dir, report, schedule, keys,
+                    progress)
     else:
         _verify_aggregate(spec, t0, committed, starts, ends, output_dir, report, schedule,
-                          keys)
+                          keys, progress)
     return report
 
 
@@ -184,7 +199,7 @@ def _result_key(row: dict[str, Any], columns: tuple[str, ...] | None) -> str:
 
 def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[int],
                       ends: dict[int, int], checkpoint: Path, output_dir: Path,
-                      report: VerifyReport) -> None:
+                      report: VerifyReport, progress: Progress | None = None) -> None:
     """A dataflow pipeline with a ``reference`` (NEXMark): the rows kept over every
     committed batch must be, as a multiset, the reference's final result over the events
     those batches read, behind the watermark the last batch ran with. Rows of windows
@@ -207,7 +222,7 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
     columns = queries.RESULT_COLUMNS[query]
     window_ms = reference.WINDOW_S * 1000
     rows: list[dict[str, Any]] = []
-    for b in committed:
+    for b in _tracked(committed, progress):
         df = _read_output(output_dir, b)
         if df is None:
             report.missing_batches.append(b)
@@ -276,13 +291,14 @@ def _records(spec: definition.PipelineSpec, t0: float, start: int, end: int,
 def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[int],
                       starts: dict[int, int], ends: dict[int, int], output_dir: Path,
                       report: VerifyReport, schedule: workload.RateSchedule,
-                      keys: workload.KeyDistribution) -> None:
+                      keys: workload.KeyDistribution, progress: Progress | None = None
+                      ) -> None:
     agg = spec.stateful.agg
     n = keys.n
     count = np.zeros(n, dtype=np.int64)
     total = np.zeros(n, dtype=np.float64)
     peak = np.full(n, -np.inf)
-    for b in committed:
+    for b in _tracked(committed, progress):
         df = _records(spec, t0, starts[b], ends[b], schedule, keys)
         report.batches += 1
         report.records += ends[b] - starts[b]
@@ -334,7 +350,7 @@ def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[
 def _verify_hft(spec: definition.PipelineSpec, t0: float, committed: list[int],
                 starts: dict[int, int], ends: dict[int, int], output_dir: Path,
                 report: VerifyReport, schedule: workload.RateSchedule,
-                keys: workload.KeyDistribution) -> None:
+                keys: workload.KeyDistribution, progress: Progress | None = None) -> None:
     op = spec.stateful
     last = ends[committed[-1]]
     everything = _records(spec, t0, 0, last, schedule, keys)
@@ -343,7 +359,7 @@ def _verify_hft(spec: definition.PipelineSpec, t0: float, committed: list[int],
     batch_of = np.array(committed)[np.searchsorted(bounds, expected["last_seq"].to_numpy(),
                                                    side="right")]
     expected = expected.assign(batch=batch_of)
-    for b in committed:
+    for b in _tracked(committed, progress):
         report.batches += 1
         report.records += ends[b] - starts[b]
         want = expected[expected["batch"] == b].set_index(["key", "window_end"])
@@ -379,21 +395,37 @@ def _verify_hft(spec: definition.PipelineSpec, t0: float, committed: list[int],
                                f"reference: {dict(g)} vs {dict(w)}")
 
 
+class RunDirError(ValueError):
+    """A run directory the verifier cannot check (unreadable, or no kept output)."""
+
+
+def verify_run_dir(run_dir: Path | str, progress: Progress | None = None) -> VerifyReport:
+    """Verify the run whose runner config, schedule clock, checkpoint and kept output
+    are in ``run_dir`` (RunDirError when it cannot be checked)."""
+    run_dir = Path(run_dir)
+    try:
+        cfg = json.loads((run_dir / "runner.json").read_text())
+        spec = definition.validate(cfg["definition"])
+        t0 = float(json.loads((run_dir / "t0").read_text())["t0"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise RunDirError(f"cannot read the run in {run_dir}: {exc}") from exc
+    if not spec.keep_output:
+        raise RunDirError("this run kept no output (its sink's keep_output is off), so "
+                          "there is nothing to check")
+    return verify(spec, t0, run_dir / "checkpoint", run_dir / "output", progress)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         print("usage: python -m pipelines.runtime.verify RUN_DIR  (holding runner.json)",
               file=sys.stderr)
         return 2
-    run_dir = Path(argv[0])
     try:
-        cfg = json.loads((run_dir / "runner.json").read_text())
-        spec = definition.validate(cfg["definition"])
-        t0 = float(json.loads((run_dir / "t0").read_text())["t0"])
-    except (OSError, KeyError, ValueError) as exc:
-        print(f"error: cannot read the run in {run_dir}: {exc}", file=sys.stderr)
+        report = verify_run_dir(argv[0])
+    except RunDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
-    report = verify(spec, t0, run_dir / "checkpoint", run_dir / "output")
     print(json.dumps(report.as_dict()))
     print(report.line(), file=sys.stderr)
     return 0 if report.ok else 1

@@ -370,6 +370,22 @@
     document.getElementById("run-key-groups").textContent = run.key_groups;
     document.getElementById("run-app").textContent = run.spark_app_id || "—";
     if (run.frequency_source) setFrequencyLabel(run.frequency_source, run.frequency_ghz);
+    setVerification(run.verification);
+  }
+
+  // The exactly-once badge, as Run.verification_badge draws it on the server.
+  function setVerification(v) {
+    const badge = document.getElementById("run-verification");
+    if (!badge) return;
+    let text = "not checked", css = "v-none";
+    if (v && v.state === "done") { text = v.ok ? `OK · ${v.of} batches` : "FAILED"; css = v.ok ? "v-ok" : "v-failed"; }
+    else if (v && v.state === "running") { text = v.of ? `checking ${v.done} of ${v.of}` : "reading"; css = "v-busy"; }
+    else if (v && v.state === "queued") { text = "queued"; css = "v-busy"; }
+    else if (v && v.state === "error") { text = "not checkable"; }
+    badge.textContent = text;
+    badge.className = "badge " + css;
+    badge.title = (v && v.line) || "";
+    document.getElementById("run-verification-line").textContent = (v && v.line) || "";
   }
 
   let backoff = 500;

@@ -1,6 +1,6 @@
 """Benchmark: time from the Start POST to the first metrics point on the run page.
 
-Starts the product as ``up`` does (the embedded Spark cluster, daphne, a Celery worker,
+Starts the product as ``up`` does (the embedded Spark cluster, daphne, the Celery workers,
 beat and the relay) on the configured database (the Makefile points it at var/bench),
 logs in with headless Chromium and, ``--runs`` times: submits the Start form on /runs/
 for the demo pipeline under a 1-2 worker policy, and reads the moment the run page

@@ -2,8 +2,8 @@
 
 Redis (a local one if none answers at REDIS_URL), migrations, the demo data, the
 embedded Spark standalone cluster, one worker's capacity for the elastic demo (measured
-on the first start, then stored under var/calibration/), daphne, a Celery worker,
-celery beat and the relay.
+on the first start, then stored under var/calibration/), daphne, the Celery workers of
+the control and Lab queues, celery beat and the relay.
 Ctrl-C (or SIGTERM) stops everything it started, by pid.
 """
 from __future__ import annotations
@@ -36,14 +36,19 @@ def redis_answers(url: str) -> bool:
 
 def product_processes(port: int, var: Path, worker_name: str = "streamwise@%h"
                       ) -> dict[str, list[str]]:
-    """The product's long-running processes (web + WebSockets, Celery worker and beat,
-    the relay), as ``up`` starts them; the start benchmark starts the same."""
+    """The product's long-running processes (web + WebSockets, the Celery workers of the
+    control and Lab queues, beat, the relay), as ``up`` starts them; the start benchmark
+    starts the same."""
     py = sys.executable
     return {
         "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                 "webapp.asgi:application"],
         "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                   "--concurrency", "4", "-n", worker_name],
+                   "-Q", settings.CONTROL_QUEUE, "--concurrency", "4", "-n", worker_name],
+        # Lab comparisons on their own worker (one at a time: each uses a core).
+        "lab-worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
+                       "-Q", settings.LAB_QUEUE, "--concurrency", "1",
+                       "-n", f"lab-{worker_name}"],
         "beat": [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
                  "-s", str(var / "celerybeat-schedule")],
         "relay": [py, str(Path(settings.BASE_DIR) / "manage.py"), "relay"],

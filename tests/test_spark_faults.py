@@ -1,0 +1,201 @@
+"""Faults on real Spark runs, each caused for real: Redis killed for 20 s under a running
+query, a runner SIGTERMed, a benchmark SIGTERMed mid-run, a query whose executors are
+frozen (its source blocked). Each run that keeps output ends with the verifier."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipelines.runtime import definition, frequency, verify
+from pipelines.runtime.harness import RunnerProcess
+from tests.conftest import ROOT, wait_for
+from tests.test_faults import OwnRedis
+
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
+
+COUNT = {"source": {"type": "generator", "seed": 7, "partitions": 2,
+                    "rate": {"kind": "constant", "records_per_s": 800},
+                    "keys": {"kind": "zipf", "n": 2000, "s": 0.9}},
+         "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count"}],
+         "sink": {"type": "latency", "keep_output": True},
+         "key_groups": 4}
+
+
+def _batches(run: RunnerProcess) -> list[int]:
+    return sorted({m["batch_id"] for m in run.metrics})
+
+
+def _verified(run: RunnerProcess) -> verify.VerifyReport:
+    report = verify.verify(definition.validate(COUNT), run.t0, run.work / "checkpoint",
+                           run.work / "output")
+    assert report.ok, report.problems
+    return report
+
+
+@pytest.mark.dbless
+def test_a_run_keeps_every_batch_through_a_20_s_redis_outage(tmp_path: Path,
+                                                             spark_cluster: Any) -> None:
+    redis_server = OwnRedis(tmp_path)
+    redis_server.start()
+    run = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT, redis_server.url,
+                        token="redis-outage")
+    try:
+        with run:
+            run.wait_batches(4)
+            redis_server.kill()
+            time.sleep(20)
+            assert run.proc is not None and run.proc.poll() is None, "the runner died"
+            redis_server.start()
+            back = time.monotonic()
+            seen = len(_batches(run))
+            wait_for(lambda: run.poll(block_ms=200) >= 0 and len(_batches(run)) > seen + 2,
+                     60, "metrics after Redis came back")
+            resumed_s = time.monotonic() - back
+            run.wait_batches(3)
+        batches = _batches(run)
+        # Every batch the query committed has its record: those Redis lost in its
+        # restart were written again by the runner, those of the outage held for it.
+        assert batches == list(range(batches[-1] + 1)), batches
+        print(f"metrics resumed {resumed_s:.1f} s after Redis came back; "
+              f"{len(batches)} batches, none missing")
+        assert resumed_s < 10, resumed_s
+        report = _verified(run)
+        assert report.batches >= len(batches)
+    finally:
+        if redis_server.proc is not None and redis_server.proc.poll() is None:
+            redis_server.kill()
+
+
+@pytest.mark.dbless
+def test_a_sigtermed_runner_is_gone_within_10_s(tmp_path: Path, spark_cluster: Any) -> None:
+    run = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
+                        os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                        token="sigterm")
+    with run:
+        run.wait_batches(3)
+        assert run.proc is not None
+        sent = time.monotonic()
+        run.proc.send_signal(signal.SIGTERM)
+        run.proc.wait(timeout=30)
+        took = time.monotonic() - sent
+        run.poll(block_ms=500)
+    print(f"runner gone {took:.1f} s after SIGTERM")
+    assert took <= 10, took
+    assert run.event("stopped")["reason"].startswith("SIGTERM")
+    _verified(run)
+
+
+def _descendants(root: int) -> set[int]:
+    table = frequency.process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _argv) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+@pytest.mark.dbless
+def test_a_benchmark_sigtermed_mid_run_leaves_no_process_behind(tmp_path: Path) -> None:
+    """Its Spark master and worker, executors, runner and the runner's driver JVM: all
+    gone within 15 s of the SIGTERM."""
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.runtime.bench", "closed-loop", "--capacity", "3000",
+         "--bound-ms", "3000", "--strategies", "static-min", "--loop-seconds", "60,60,60,60",
+         "--loop-keys", "1000", "--redis-url",
+         os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "bench.log", "wb"))
+    try:
+        def runner_streaming() -> bool:
+            started = [p for p in _descendants(bench.pid)
+                       if "pipelines.runtime.runner" in " ".join(
+                           frequency.process_table().get(p, (0, []))[1])]
+            return bool(started) and len(_descendants(bench.pid)) >= 6
+
+        wait_for(runner_streaming, 240, "the benchmark's runner and cluster")
+        time.sleep(10)  # mid-run: the query is streaming
+        started = _descendants(bench.pid)
+        sent = time.monotonic()
+        bench.send_signal(signal.SIGTERM)
+        wait_for(lambda: not any(_alive(p) for p in started) and bench.poll() is not None,
+                 15, "every process the benchmark started to end")
+        print(f"benchmark and its {len(started)} processes gone "
+              f"{time.monotonic() - sent:.1f} s after SIGTERM")
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+        for pid in _descendants(bench.pid) if bench.poll() is None else ():
+            os.kill(pid, signal.SIGKILL)
+        bench.wait(timeout=30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
+        tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
+    """The runner's heartbeat thread lives on while its query cannot make a batch (its
+    executors SIGSTOPped, as a blocked source would leave it): the reconciler of the
+    live stack marks the run stalled with an alert, and running once batches resume."""
+    from django.utils import timezone
+
+    from pipelines.models import Run
+    from tests.conftest import make_pipeline_and_policy
+
+    pipeline, policy = make_pipeline_and_policy(operator, name="stall")
+    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                             created_by=operator, status="running",
+                             started_at=timezone.now(), launched_at=timezone.now(),
+                             checkpoint_dir=str(tmp_path / "run"))
+    runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
+                           os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                           run_id=run.pk, token=run.bus_token)
+    frozen: list[int] = []
+    try:
+        with runner:
+            Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
+            runner.wait_batches(5)
+            app_id = runner.event("session_started")["app_id"]
+            frozen = [p for tree in frequency.executor_processes(app_id).values()
+                      for p in tree]
+            assert frozen
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            blocked = time.monotonic()
+            wait_for(lambda: Run.objects.get(pk=run.pk).status == "stalled", 120,
+                     "the run to be marked stalled")
+            stalled_after = time.monotonic() - blocked
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+            frozen = []
+            wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 120,
+                     "the run to be running again")
+        run.refresh_from_db()
+        print(f"stalled {stalled_after:.1f} s after its executors froze "
+              f"(policy step {policy.control_step_s:g} s)")
+        assert run.events.filter(kind="alert", actor="reconciler").exists()
+        assert run.events.filter(kind="status:stalled").exists()
+        _verified(runner)
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        Run.objects.filter(pk=run.pk).update(status="stopped")
