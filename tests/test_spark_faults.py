@@ -159,10 +159,12 @@ def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
     from tests.conftest import make_pipeline_and_policy
 
     pipeline, policy = make_pipeline_and_policy(operator, name="stall")
+    # Launched now and not started yet, as the product records a run whose runner is still
+    # importing PySpark: the reconciler gives it the start grace before it expects a
+    # heartbeat (with started_at set it judged the silent runner hung and SIGTERMed it).
     run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
                              created_by=operator, status="running",
-                             started_at=timezone.now(), launched_at=timezone.now(),
-                             checkpoint_dir=str(tmp_path / "run"))
+                             launched_at=timezone.now(), checkpoint_dir=str(tmp_path / "run"))
     runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
                            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
                            run_id=run.pk, token=run.bus_token)
