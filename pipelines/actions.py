@@ -25,6 +25,7 @@ from pipelines.models import (
     Run,
     RunEvent,
     RunStatus,
+    verification_badge,
 )
 from pipelines.queue import Task, enqueue
 from pipelines.runtime.bus import COMMAND_TTL_S
@@ -125,8 +126,10 @@ def verification_wire(doc: dict[str, Any] | None) -> dict[str, Any] | None:
     """The badge's part of a run's stored verification (the report stays in the DB)."""
     if not doc:
         return None
+    text, css = verification_badge(doc)
     return {"state": doc.get("state", "queued"), "ok": doc.get("ok"),
-            "line": doc.get("line", ""), "done": doc.get("done", 0), "of": doc.get("of", 0)}
+            "line": doc.get("line", ""), "done": doc.get("done", 0), "of": doc.get("of", 0),
+            "badge": text, "css": css}
 
 
 def transition(run: Run, to: str, actor: str, reason: str = "",

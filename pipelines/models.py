@@ -91,6 +91,23 @@ def new_bus_token() -> str:
     return secrets.token_hex(4)
 
 
+def verification_badge(doc: dict | None) -> tuple[str, str]:
+    """(text, css class) of the exactly-once badge for a run's stored verification."""
+    doc = doc or {}
+    state = doc.get("state")
+    if state == "done":
+        return ((f"OK · {doc.get('of', 0)} batches", "v-ok") if doc.get("ok")
+                else ("FAILED", "v-failed"))
+    if state == "running":
+        return (f"checking {doc.get('done', 0)} of {doc['of']}" if doc.get("of")
+                else "reading", "v-busy")
+    if state == "queued":
+        return "queued", "v-busy"
+    if state == "error":
+        return "not checkable", "v-none"
+    return "not checked", "v-none"
+
+
 class Run(models.Model):
     pipeline_version = models.ForeignKey(PipelineVersion, on_delete=models.PROTECT,
                                          related_name="runs")
@@ -139,20 +156,8 @@ class Run(models.Model):
 
     @property
     def verification_badge(self) -> tuple[str, str]:
-        """(text, css class) of the exactly-once badge; static/js/run.js mirrors it."""
-        doc = self.verification or {}
-        state = doc.get("state")
-        if state == "done":
-            return ((f"OK · {doc.get('of', 0)} batches", "v-ok") if doc.get("ok")
-                    else ("FAILED", "v-failed"))
-        if state == "running":
-            return (f"checking {doc.get('done', 0)} of {doc['of']}" if doc.get("of")
-                    else "reading", "v-busy")
-        if state == "queued":
-            return "queued", "v-busy"
-        if state == "error":
-            return "not checkable", "v-none"
-        return "not checked", "v-none"
+        """(text, css class) of the exactly-once badge (pushed as is to the run page)."""
+        return verification_badge(self.verification)
 
     @property
     def keeps_output(self) -> bool:

@@ -281,7 +281,7 @@ def reconcile_runs() -> dict[str, int]:
     now = timezone.now()
     if redis_restarted_recently(busmod.connect(settings.REDIS_URL)):
         return {"checked": 0, "changed": 0, "redis_restarted": 1}
-    for run in Run.objects.filter(status__in=ACTIVE_STATUSES):
+    for run in Run.objects.filter(status__in=ACTIVE_STATUSES).select_related("policy"):
         checked += 1
         bus = launch.run_bus(run)
         heartbeat = bus.read_heartbeat()

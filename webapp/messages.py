@@ -20,6 +20,8 @@ class Verification(TypedDict):
     line: str  # one line for the badge's title
     done: int  # batches checked so far
     of: int  # batches to check
+    badge: str  # the badge's text and css class (pipelines.models.verification_badge)
+    css: str
 
 
 class RunState(TypedDict):

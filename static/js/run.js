@@ -373,17 +373,13 @@
     setVerification(run.verification);
   }
 
-  // The exactly-once badge, as Run.verification_badge draws it on the server.
+  // The exactly-once badge: its text and class come from the server
+  // (pipelines.models.verification_badge), as the page first drew it.
   function setVerification(v) {
     const badge = document.getElementById("run-verification");
     if (!badge) return;
-    let text = "not checked", css = "v-none";
-    if (v && v.state === "done") { text = v.ok ? `OK · ${v.of} batches` : "FAILED"; css = v.ok ? "v-ok" : "v-failed"; }
-    else if (v && v.state === "running") { text = v.of ? `checking ${v.done} of ${v.of}` : "reading"; css = "v-busy"; }
-    else if (v && v.state === "queued") { text = "queued"; css = "v-busy"; }
-    else if (v && v.state === "error") { text = "not checkable"; }
-    badge.textContent = text;
-    badge.className = "badge " + css;
+    badge.textContent = v ? v.badge : "not checked";
+    badge.className = "badge " + (v ? v.css : "v-none");
     badge.title = (v && v.line) || "";
     document.getElementById("run-verification-line").textContent = (v && v.line) || "";
   }
