@@ -217,12 +217,14 @@ def runner_state(run: Any) -> str:
         cmdline = Path(f"/proc/{run.runner_pid}/cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return "gone"
-    marks = [str(Path(run.checkpoint_dir) / "runner.json")] if run.checkpoint_dir else []
+    if run.checkpoint_dir and str(Path(run.checkpoint_dir) / "runner.json") in cmdline:
+        return "alive"
+    # The reconciler asks every second: the run's events only when it is not a plain launch.
     launched = run.events.filter(kind="runner_launched").order_by("-id").first()
     standby = launched.payload.get("standby") if launched else None
-    if standby:
-        marks.append(str(Path(settings.STANDBY_ROOT) / standby / "standby.json"))
-    return "alive" if any(mark in cmdline for mark in marks) else "gone"
+    if standby and str(Path(settings.STANDBY_ROOT) / standby / "standby.json") in cmdline:
+        return "alive"
+    return "gone"
 
 
 def tail(path: Path, lines: int = 5) -> str:

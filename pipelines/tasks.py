@@ -217,24 +217,29 @@ def _end_a_hung_stop(run: Run, bus: busmod.RunBus, now: datetime) -> int:
 
 
 def stall_limit_s(expected_batch_s: float, control_step_s: float) -> float:
-    """How long a query with input waiting may go without a committed batch."""
+    """How long a query with input waiting may go without a committed batch: with the
+    reconciler's pass every second, a stall is called within three control steps
+    whenever STALL_FACTOR batches fit in two."""
     return max(settings.STALL_FACTOR * expected_batch_s, 2 * control_step_s,
                settings.STALL_MIN_S)
 
 
-def judge_progress(run: Run, heartbeat: dict[str, Any]) -> int:
+def judge_progress(run: Run, heartbeat: dict[str, Any], age_s: float = 0.0) -> int:
     """``running`` -> ``stalled`` (with an alert, and the policy's webhook) when the
     runner's heartbeat says input waits but no batch has committed for
     :func:`stall_limit_s`; back to ``running`` when batches resume. The runner's
-    heartbeat thread lives on when its query hangs: this is what catches that. Both
-    times are the runner's clock, so the judgement holds across hosts. Returns 1 when
-    the run changed."""
+    heartbeat thread lives on when its query hangs: this is what catches that. The quiet
+    time is the runner's own (its clock may be another host's) plus the heartbeat's age
+    by Redis' clock (``age_s``). A query applying a reconfiguration is not judged: its
+    batches may wait for moving state, and the command's own timeout bounds that.
+    Returns 1 when the run changed."""
     last, expected = heartbeat.get("last_batch_at"), heartbeat.get("expected_batch_s")
     if last is None or expected is None:
         return 0  # before the first batch: the start grace covers a hung start
-    quiet = float(heartbeat["t"]) - float(last)
+    quiet = float(heartbeat["t"]) - float(last) + age_s
     limit = stall_limit_s(float(expected), run.policy.control_step_s)
-    if run.status == RunStatus.RUNNING and heartbeat.get("input_waiting") and quiet > limit:
+    if (run.status == RunStatus.RUNNING and heartbeat.get("input_waiting")
+            and not heartbeat.get("reconfiguring") and quiet > limit):
         message = (f"stalled: no batch for {quiet:.0f} s while input waits (limit "
                    f"{limit:.0f} s: {settings.STALL_FACTOR:g} x the median batch time of "
                    f"{expected:.1f} s, at least two control steps)")
@@ -246,6 +251,16 @@ def judge_progress(run: Run, heartbeat: dict[str, Any]) -> int:
         return int(actions.transition(run, RunStatus.RUNNING, "reconciler",
                                       "batches resumed"))
     return 0
+
+
+def runner_died(run: Run, heartbeat: dict[str, Any]) -> bool:
+    """Whether the runner that wrote ``heartbeat`` is known gone before its heartbeat
+    expires: it ran on this host (a pid means nothing elsewhere) as the run's recorded
+    runner, and that process is no longer the run's runner. A runner on another host is
+    judged by its heartbeat's expiry alone."""
+    return (heartbeat.get("host") == busmod.HOSTNAME
+            and heartbeat.get("pid") == run.runner_pid
+            and launch.runner_state(run) != "alive")
 
 
 def _reconcile_pending(now: datetime) -> int:
@@ -277,19 +292,31 @@ def reconcile_runs() -> dict[str, int]:
     cannot run at all, and for a heartbeat TTL after Redis comes back nobody is judged.
     A hung runner (alive, no heartbeat) gets SIGTERM first and SIGKILL only after
     :data:`RUNNER_TERM_GRACE_S`; a pid is signalled only while it is this run's runner."""
+    r = busmod.connect(settings.REDIS_URL)
+    if redis_restarted_recently(r):
+        return {"checked": 0, "changed": 0, "redis_restarted": 1}
+    # One pass at a time: a slow pass (a loaded database) must not meet the next one.
+    lock = r.lock("reconcile-runs:lock", timeout=120, blocking=False)
+    if not lock.acquire():
+        return {"checked": 0, "changed": 0, "busy": 1}
+    try:
+        return _reconcile_pass()
+    finally:
+        lock.release()
+
+
+def _reconcile_pass() -> dict[str, int]:
     checked = changed = 0
     now = timezone.now()
-    if redis_restarted_recently(busmod.connect(settings.REDIS_URL)):
-        return {"checked": 0, "changed": 0, "redis_restarted": 1}
     for run in Run.objects.filter(status__in=ACTIVE_STATUSES).select_related("policy"):
         checked += 1
         bus = launch.run_bus(run)
         heartbeat = bus.read_heartbeat()
-        if heartbeat is not None:
+        if heartbeat is not None and not runner_died(run, heartbeat):
             if run.status == RunStatus.STOPPING:
                 changed += _end_a_hung_stop(run, bus, now)
             elif run.status in (RunStatus.RUNNING, RunStatus.STALLED):
-                changed += judge_progress(run, heartbeat)
+                changed += judge_progress(run, heartbeat, bus.heartbeat_age_s())
             continue
         # A runner that never reached "running" may still be importing PySpark or
         # starting its session (slow on a loaded machine): it gets a grace period from
@@ -310,8 +337,9 @@ def reconcile_runs() -> dict[str, int]:
             if state == "alive" and not _terminate(bus, run.runner_pid):
                 continue  # asked to end; judged again on a later pass
             log_tail = launch.tail(Path(run.checkpoint_dir) / "runner.log", 3)
-            reason = (f"runner heartbeat missing for more than {busmod.HEARTBEAT_TTL_S}s; "
-                      f"runner pid {run.runner_pid} "
+            reason = ((f"runner heartbeat missing for more than {busmod.HEARTBEAT_TTL_S}s; "
+                       if heartbeat is None else "the runner died; ")
+                      + f"runner pid {run.runner_pid} "
                       + (f"was hung: SIGTERM, then SIGKILL after {RUNNER_TERM_GRACE_S:g} s"
                          if state == "alive" else "is gone")
                       + (f". Last log lines: {log_tail}" if log_tail else ""))

@@ -113,7 +113,7 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
     port = free_port()
     # No standby runners by default: each would hold an executor and warm up beside the
     # runs under test (test_standby.py starts its own).
-    env = dict(os.environ, DATABASE_URL=db_url, RECONCILE_EVERY_S="2", STANDBY_RUNNERS="0",
+    env = dict(os.environ, DATABASE_URL=db_url, RECONCILE_EVERY_S="1", STANDBY_RUNNERS="0",
                RUNNER_START_GRACE_S="60", PYTHONUNBUFFERED="1")
     py = sys.executable
     commands = {

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.conftest import free_port, make_pipeline_and_policy, wait_for
+from tests.conftest import free_port, make_pipeline_and_policy, run_status, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -184,6 +184,41 @@ def test_only_this_runs_runner_is_signalled_and_sigterm_comes_before_sigkill(
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_runner_that_died_is_lost_at_the_next_pass_not_when_its_heartbeat_expires(
+        operator, tmp_path: Path) -> None:
+    from django.utils import timezone
+
+    from pipelines import launch, tasks
+    from pipelines.launch import RUNNER_MODULE
+    from pipelines.runtime import bus as busmod
+
+    runner = _sleeper(RUNNER_MODULE, str(tmp_path / "runner.json"))
+    try:
+        run = _new_run(operator, status="running", runner_pid=runner.pid,
+                       checkpoint_dir=str(tmp_path), started_at=timezone.now())
+        bus = launch.run_bus(run)
+        bus.heartbeat(pid=runner.pid, phase="running")
+        beat = bus.read_heartbeat()
+        assert beat is not None and beat["host"] == busmod.HOSTNAME
+        assert not tasks.runner_died(run, beat)
+        runner.kill()
+        runner.wait(timeout=10)
+        assert tasks.runner_died(run, beat)
+        # A pid means nothing on another host: that runner is judged by its heartbeat.
+        assert not tasks.runner_died(run, {**beat, "host": "elsewhere"})
+        assert bus.read_heartbeat() is not None  # still within its TTL
+        # This pass, or the session's live reconciler's if it came first.
+        wait_for(lambda: tasks.reconcile_runs() and run_status(run.pk) == "lost", 10,
+                 "the run to be lost")
+        run.refresh_from_db()
+        assert run.status_reason.startswith("the runner died; runner pid")
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.wait(timeout=10)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_runner_hung_in_its_stop_is_ended_and_the_run_says_so(operator, tmp_path) -> None:
     from datetime import timedelta
 
@@ -270,6 +305,14 @@ def test_a_query_without_batches_while_input_waits_is_stalled_until_batches_resu
     assert tasks.judge_progress(run, {**beat, "last_batch_at": 999.5}) == 1
     run.refresh_from_db()
     assert run.status == "running" and run.status_reason == "batches resumed"
+    # The heartbeat's age counts: written a while ago, the same facts are a stall.
+    assert tasks.judge_progress(run, {**beat, "last_batch_at": 1000.0 - limit + 1}, 2.0) == 1
+    run.refresh_from_db()
+    assert run.status == "stalled"
+    assert tasks.judge_progress(run, {**beat, "last_batch_at": 999.5}) == 1
+    # Batches wait while a reconfiguration moves state: that is not a stall.
+    assert tasks.judge_progress(run, {**beat, "last_batch_at": 1000.0 - limit - 1,
+                                      "reconfiguring": "set_workers"}) == 0
 
 
 @pytest.mark.django_db(transaction=True)

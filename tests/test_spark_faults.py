@@ -147,32 +147,53 @@ def test_a_benchmark_sigtermed_mid_run_leaves_no_process_behind(tmp_path: Path) 
         bench.wait(timeout=30)
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
-        tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
-    """The runner's heartbeat thread lives on while its query cannot make a batch (its
-    executors SIGSTOPped, as a blocked source would leave it): the reconciler of the
-    live stack marks the run stalled with an alert, and running once batches resume."""
+def _product_run(operator: Any, tmp_path: Path, name: str) -> Any:
+    """A run as the product records one whose runner was just launched: ``starting``,
+    launched now (the reconciler gives it the start grace before it expects a heartbeat),
+    ``running`` once the relay of the live stack applies the runner's query_started."""
     from django.utils import timezone
 
     from pipelines.models import Run
     from tests.conftest import make_pipeline_and_policy
 
-    pipeline, policy = make_pipeline_and_policy(operator, name="stall")
-    # Launched now and not started yet, as the product records a run whose runner is still
-    # importing PySpark: the reconciler gives it the start grace before it expects a
-    # heartbeat (with started_at set it judged the silent runner hung and SIGTERMed it).
-    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
-                             created_by=operator, status="running",
-                             launched_at=timezone.now(), checkpoint_dir=str(tmp_path / "run"))
+    pipeline, policy = make_pipeline_and_policy(operator, name=name)
+    return Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                              created_by=operator, status="starting",
+                              launched_at=timezone.now(), checkpoint_dir=str(tmp_path / "run"))
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
+        tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
+    """The runner's heartbeat thread lives on while its query cannot make a batch (its
+    executors SIGSTOPped, as a blocked source would leave it): the reconciler of the
+    live stack marks the run stalled with an alert, within three control steps when
+    three batch times fit in two, and running once batches resume."""
+    from pipelines import launch, tasks
+    from pipelines.models import Run
+
+    run = _product_run(operator, tmp_path, "stall")
     runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
                            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
                            run_id=run.pk, token=run.bus_token)
+    step_s = run.policy.control_step_s
     frozen: list[int] = []
     try:
         with runner:
             Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
             runner.wait_batches(5)
+            wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 60,
+                     "the relay to mark the run running")
+            beat = launch.run_bus(run).read_heartbeat()
+            assert beat is not None and "expected_batch_s" in beat
+            limit = tasks.stall_limit_s(beat["expected_batch_s"], step_s)
             app_id = runner.event("session_started")["app_id"]
             frozen = [p for tree in frequency.executor_processes(app_id).values()
                       for p in tree]
@@ -189,8 +210,12 @@ def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
             wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 120,
                      "the run to be running again")
         run.refresh_from_db()
-        print(f"stalled {stalled_after:.1f} s after its executors froze "
-              f"(policy step {policy.control_step_s:g} s)")
+        print(f"stalled {stalled_after:.1f} s after its executors froze = "
+              f"{stalled_after / step_s:.1f} control steps of {step_s:g} s (limit "
+              f"{limit:.1f} s from a median batch of {beat['expected_batch_s']:.2f} s)")
+        # The limit counts from the last batch, which ended before the freeze; one
+        # control step more covers the reconciler's pass (every second) and its task.
+        assert stalled_after <= limit + step_s, (stalled_after, limit)
         assert run.events.filter(kind="alert", actor="reconciler").exists()
         assert run.events.filter(kind="status:stalled").exists()
         _verified(runner)
@@ -201,3 +226,58 @@ def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
             except ProcessLookupError:
                 pass
         Run.objects.filter(pk=run.pk).update(status="stopped")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sigkilled_runner_is_lost_within_two_heartbeats_and_no_executor_stays_stopped(
+        tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
+    """SIGKILL a runner while frequency emulation SIGSTOPs its executors: the live
+    stack's reconciler sees the process gone (its heartbeat still within its TTL) and
+    the run is lost within two heartbeat periods; the watchdog continues the executors."""
+    from pipelines.models import Run
+    from pipelines.runtime import bus as busmod
+
+    run = _product_run(operator, tmp_path, "sigkill")
+    runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
+                           os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                           run_id=run.pk, token=run.bus_token)
+    executors: list[int] = []
+    try:
+        with runner:
+            assert runner.proc is not None
+            Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
+            runner.wait_batches(3)
+            wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 60,
+                     "the relay to mark the run running")
+            app_id = runner.event("session_started")["app_id"]
+            executors = [p for tree in frequency.executor_processes(app_id).values()
+                         for p in tree]
+            lowest = min(runner.event("query_started")["frequencies"])
+            ack = runner.command("set_frequency", ghz=lowest)
+            assert ack["ok"], ack
+            if ack["source"] == "emulated":  # else real DVFS: nothing is ever SIGSTOPped
+                wait_for(lambda: any(_state(p) == "T" for p in executors), 10,
+                         "the emulation to stop an executor", interval=0.01)
+            runner.proc.kill()
+            killed = time.monotonic()
+            runner.proc.wait(timeout=10)
+            wait_for(lambda: Run.objects.get(pk=run.pk).status == "lost", 60,
+                     "the run to be lost")
+            lost_after = time.monotonic() - killed
+            wait_for(lambda: all(_state(p) != "T" for p in executors), 10,
+                     "every executor to be continued")
+            time.sleep(1)  # and none is stopped again
+            assert all(_state(p) != "T" for p in executors)
+        run.refresh_from_db()
+        print(f"lost {lost_after:.1f} s after SIGKILL (heartbeat every "
+              f"{busmod.HEARTBEAT_EVERY_S:g} s, TTL {busmod.HEARTBEAT_TTL_S} s); "
+              f"frequency {ack['source']}")
+        assert run.status_reason.startswith("the runner died"), run.status_reason
+        assert lost_after <= 2 * busmod.HEARTBEAT_EVERY_S, lost_after
+    finally:
+        for pid in executors:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        Run.objects.filter(pk=run.pk).exclude(status="lost").update(status="stopped")

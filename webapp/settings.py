@@ -153,8 +153,10 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     # Retention (pipelines.retention): thin old metric samples, prune old runs' detail.
     "prune-old-data": {"task": "pipelines.tasks.prune_old_data", "schedule": 3600.0},
+    # Every second: a dead runner is lost, and a stalled query stalled, within a pass.
     "reconcile-runs": {"task": "pipelines.tasks.reconcile_runs",
-                       "schedule": float(os.environ.get("RECONCILE_EVERY_S", "3"))},
+                       "schedule": float(os.environ.get("RECONCILE_EVERY_S", "1")),
+                       "options": {"expires": 2.0}},
     # The closed loop: every second, one tick for each run whose control step is due
     # (control.loop); a tick not started within 2 s is dropped, the next one comes.
     "control-tick": {"task": "control.tasks.control_tick_all", "schedule": 1.0,
@@ -207,8 +209,8 @@ RETAIN_FILES_DAYS = float(os.environ.get("RETAIN_FILES_DAYS", "7"))
 STOP_TIMEOUT_S = float(os.environ.get("STOP_TIMEOUT_S", "120"))
 # A running query with input waiting but no committed batch for STALL_FACTOR x its median
 # batch time (at least two control steps, at least STALL_MIN_S) is stalled.
-STALL_FACTOR = float(os.environ.get("STALL_FACTOR", "5"))
-STALL_MIN_S = float(os.environ.get("STALL_MIN_S", "5"))
+STALL_FACTOR = float(os.environ.get("STALL_FACTOR", "3"))
+STALL_MIN_S = float(os.environ.get("STALL_MIN_S", "3"))
 
 LOGGING = {
     "version": 1, "disable_existing_loggers": False,

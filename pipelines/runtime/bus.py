@@ -29,6 +29,7 @@ import collections
 import enum
 import itertools
 import json
+import socket
 import sys
 import threading
 import time
@@ -39,6 +40,8 @@ import redis
 
 HEARTBEAT_TTL_S = 10
 HEARTBEAT_EVERY_S = 2.0
+# In each heartbeat: a pid is only meaningful on the host that wrote it.
+HOSTNAME = socket.gethostname()
 STREAM_MAXLEN = 20_000
 LIVE_SET = "runs:live"
 # Entries a runner holds while Redis is away: a day of one-second batches; past that the
@@ -319,7 +322,8 @@ class RunBus:
 
     def heartbeat(self, **payload: Any) -> None:
         self.check_server()
-        self.r.set(heartbeat_key(self.key), json.dumps({"t": time.time(), **payload}),
+        self.r.set(heartbeat_key(self.key),
+                   json.dumps({"t": time.time(), "host": HOSTNAME, **payload}),
                    ex=HEARTBEAT_TTL_S)
 
     def clear_heartbeat(self) -> None:
@@ -372,6 +376,13 @@ class RunBus:
     def read_heartbeat(self) -> dict[str, Any] | None:
         raw = self.r.get(heartbeat_key(self.key))
         return json.loads(raw) if raw else None
+
+    def heartbeat_age_s(self) -> float:
+        """Seconds since the heartbeat was written, by Redis' clock (its remaining TTL):
+        the runner's own clock may be another host's, and its ``t`` is up to a heartbeat
+        period old. 0 when there is none."""
+        ttl_ms = self.r.pttl(heartbeat_key(self.key))
+        return max(0.0, HEARTBEAT_TTL_S - ttl_ms / 1000) if ttl_ms >= 0 else 0.0
 
     def mark_live(self) -> None:
         self.r.sadd(LIVE_SET, self.key)

@@ -67,6 +67,7 @@ class Reconfigurer:
         self.bus = bus
         self.routing = routing
         self.metrics = metrics
+        self.busy: str | None = None  # the command being applied, if any
         self.runner = runner
         self.queue: queue.Queue[Command | None] = queue.Queue()
         self.decommission_due: list[str] = []
@@ -157,6 +158,7 @@ class Reconfigurer:
                 self.bus.ack(cid, False, f"{name} refused: it expired {late:.0f} s ago while "
                              "queued behind another reconfiguration", expired=True)
                 continue
+            self.busy = name  # in the heartbeat: batches may pause while state moves
             try:
                 ok, message, payload = getattr(self, f"cmd_{name}")(args)
             except elastic.ElasticError as exc:
@@ -164,6 +166,8 @@ class Reconfigurer:
             except Exception as exc:
                 traceback.print_exc()
                 ok, message, payload = False, f"{type(exc).__name__}: {exc}", {}
+            finally:
+                self.busy = None
             self.bus.ack(cid, ok, message, **payload)
 
     def _options(self, args: dict[str, Any]) -> tuple[str, int, str, float]:

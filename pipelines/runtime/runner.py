@@ -332,6 +332,8 @@ class Runner:
                         break
                     facts = (self.metrics.progress_facts(time.time())
                              if self.phase == "running" else {})
+                    if self.reconfig.busy:
+                        facts["reconfiguring"] = self.reconfig.busy
                     self.bus.heartbeat(pid=os.getpid(), phase=self.phase,
                                        batches=self.metrics.batches,
                                        workers=self.workers, **facts)
