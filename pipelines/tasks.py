@@ -111,6 +111,11 @@ def reconfigure_run(self: Any, run_id: int, changes: dict, actor: str = "system"
     if "command" not in changes:
         changes = {"command": "set_workers", "args": changes}
     command, args = changes["command"], dict(changes.get("args") or {})
+    task_id = self.request.id  # None when called in-process rather than by a worker
+    command_id = f"task-{task_id}" if task_id else None
+    earlier = launch.run_bus(run).find_ack(command_id) if command_id else None
+    if earlier is not None:  # sent and applied before this task's worker died
+        return record_ack(run, command, args, actor, earlier)[1]
     late = busmod.expired({"name": command, "deadline": deadline})
     if late is not None:
         message = (f"reconfigure ignored: the request expired {late:.0f} s before it could "
@@ -134,9 +139,7 @@ def reconfigure_run(self: Any, run_id: int, changes: dict, actor: str = "system"
                    f"{policy.max_workers} (policy {policy.name}), got {workers!r}")
         actions.record_event(run, EventKind.RECONFIGURE_REFUSED, actor, message, changes)
         return message
-    task_id = self.request.id  # None when called in-process rather than by a worker
-    return send_and_wait(run, command, args, actor,
-                         command_id=f"task-{task_id}" if task_id else None,
+    return send_and_wait(run, command, args, actor, command_id=command_id,
                          deadline=deadline)[1]
 
 
@@ -146,14 +149,21 @@ def send_and_wait(run: Run, command: str, args: dict, actor: str,
     """Send one command to the run's runner, wait for its acknowledgement, audit it and
     update the run's configuration. Returns (ok, message)."""
     bus = launch.run_bus(run)
-    changes = {"command": command, "args": args}
     command_id = bus.send_command(command, command_id=command_id, deadline=deadline, **args)
     ack = bus.wait_ack(command_id, settings.COMMAND_ACK_TIMEOUT_S)
     if ack is None:
         message = (f"no acknowledgement for {command} {args} within "
                    f"{settings.COMMAND_ACK_TIMEOUT_S:.0f}s")
-        actions.record_event(run, EventKind.RECONFIGURE_TIMEOUT, WORKER, message, changes)
+        actions.record_event(run, EventKind.RECONFIGURE_TIMEOUT, WORKER, message,
+                             {"command": command, "args": args})
         return False, message
+    return record_ack(run, command, args, actor, ack)
+
+
+def record_ack(run: Run, command: str, args: dict, actor: str,
+               ack: dict[str, Any]) -> tuple[bool, str]:
+    """Audit the runner's acknowledgement of one command and update the run's
+    configuration. Returns (ok, message)."""
     # The new configuration first, then its audit event: whoever sees "reconfigured"
     # (the page, a test, the controller) must find the run already changed.
     if ack["ok"] and command == "set_workers":

@@ -3,6 +3,7 @@ query, a runner SIGTERMed, a benchmark SIGTERMed mid-run, a query whose executor
 frozen (its source blocked). Each run that keeps output ends with the verifier."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -281,3 +282,85 @@ def test_a_sigkilled_runner_is_lost_within_two_heartbeats_and_no_executor_stays_
             except ProcessLookupError:
                 pass
         Run.objects.filter(pk=run.pk).exclude(status="lost").update(status="stopped")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_sigkilled_during_a_migration_leaves_it_finished_and_applied_once(
+        tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
+    """SIGKILL the Celery worker whose task waits for a migration's acknowledgement. The
+    runner finishes the migration; the task, delivered again to the restarted worker (a
+    short visibility timeout stands for the default hour), resends the same command id:
+    the runner does not apply it again and the task records the first outcome."""
+    from django.conf import settings
+
+    from pipelines import actions
+    from pipelines.models import EventKind, Run
+    from pipelines.queue import Task
+    from pipelines.runtime import bus as busmod
+    from webapp.celery import app as celery_app
+
+    queue = f"faults-{os.getpid()}"  # this test's worker alone takes its task
+    env = dict(live_stack.env, CELERY_VISIBILITY_TIMEOUT_S="20",
+               CELERY_UNACKED_RESTORE_INTERVAL_S="1")
+
+    def start_worker() -> subprocess.Popen:
+        log = open(live_stack.logs / f"{queue}.log", "ab")
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "webapp", "worker", "-l", "info", "-Q",
+             queue, "--concurrency", "1", "-n", f"{queue}@%h"], stdout=log,
+            stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+
+    run = _product_run(operator, tmp_path, "workerkill")
+    run.policy.max_workers = 2
+    run.policy.save()
+    runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
+                           os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                           run_id=run.pk, token=run.bus_token)
+    worker = start_worker()
+    try:
+        with runner:
+            assert runner.proc is not None
+            Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
+            runner.wait_batches(3)
+            wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 60,
+                     "the relay to mark the run running")
+            actions.record_event(run, EventKind.RECONFIGURE_REQUESTED, "user:operator",
+                                 "set workers to 2", {"command": "set_workers", "workers": 2})
+            task = celery_app.send_task(
+                Task.RECONFIGURE_RUN.value, queue=queue,
+                args=(run.pk, {"command": "set_workers", "args": {"workers": 2}},
+                      "user:operator", time.time() + busmod.COMMAND_TTL_S))
+            runner.wait_until(lambda: any(e["type"] == "migration_started"
+                                          for e in runner.events), 120,
+                              "the migration to start")
+            os.killpg(worker.pid, signal.SIGKILL)
+            worker.wait(timeout=10)
+            killed = time.monotonic()
+            worker = start_worker()
+            runner.wait_until(lambda: any(e["type"] == "migration_done"
+                                          for e in runner.events), 300,
+                              "the runner to finish the migration")
+            wait_for(lambda: run.events.filter(kind=EventKind.RECONFIGURED).exists(),
+                     120, "the redelivered task to record the outcome")
+            recorded_after = time.monotonic() - killed
+            runner.wait_batches(3)
+            runner.stop()
+        run.refresh_from_db()
+        outcome = run.events.get(kind=EventKind.RECONFIGURED)
+        print(f"worker SIGKILLed mid-migration; the redelivered task {task.id} recorded "
+              f"'{outcome.message}' {recorded_after:.0f} s later")
+        assert outcome.payload["command_id"] == f"task-{task.id}"
+        assert run.workers == 2
+        started = [e for e in runner.events if e["type"] == "migration_started"]
+        assert len(started) == 1, started  # applied once
+        acks = [json.loads(f["a"]) for _i, f in
+                runner.bus.r.xrange(busmod.acks_key(runner.bus_key))]
+        mine = [a for a in acks if a["command_id"] == f"task-{task.id}"]
+        assert [a.get("duplicate", False) for a in mine] in ([False], [False, True]), mine
+        _verified(runner)
+    finally:
+        if worker.poll() is None:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=30)
+        Run.objects.filter(pk=run.pk).update(status="stopped")
+        assert settings.CONTROL_QUEUE != queue

@@ -150,6 +150,15 @@ CELERY_TASK_ROUTES = {"control.tasks.run_lab": {"queue": LAB_QUEUE},
                       # the exactly-once check reads a whole run back: minutes, one core
                       "pipelines.tasks.verify_run": {"queue": LAB_QUEUE}}
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A task whose worker died unacknowledged is delivered again after the visibility timeout
+# (it must outlive the longest task: a migration's acknowledgement wait); the sweep that
+# finds such tasks runs every CELERY_UNACKED_RESTORE_INTERVAL_S.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": float(os.environ.get("CELERY_VISIBILITY_TIMEOUT_S", "3600")),
+    "unacked_restore_interval": float(os.environ.get("CELERY_UNACKED_RESTORE_INTERVAL_S",
+                                                     "10")),
+    "unacked_restore_throttle": 1,
+}
 CELERY_BEAT_SCHEDULE = {
     # Retention (pipelines.retention): thin old metric samples, prune old runs' detail.
     "prune-old-data": {"task": "pipelines.tasks.prune_old_data", "schedule": 3600.0},

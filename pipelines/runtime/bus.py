@@ -357,7 +357,9 @@ class RunBus:
         return command_id
 
     def wait_ack(self, command_id: str, timeout_s: float) -> dict[str, Any] | None:
-        """Block until the runner acknowledges ``command_id`` or the timeout passes."""
+        """Block until the runner acknowledges ``command_id`` or the timeout passes. The
+        runner's answer to a resend ("received before") is not the outcome: the wait
+        goes on for the acknowledgement of the first delivery."""
         deadline = time.monotonic() + timeout_s
         last = "0-0"
         while True:
@@ -370,8 +372,17 @@ class RunBus:
                 for entry_id, fields in entries:
                     last = entry_id
                     ack = json.loads(fields["a"])
-                    if ack.get("command_id") == command_id:
+                    if ack.get("command_id") == command_id and not ack.get("duplicate"):
                         return ack
+
+    def find_ack(self, command_id: str) -> dict[str, Any] | None:
+        """The runner's acknowledgement of ``command_id`` if it is already there (a task
+        redelivered after its worker died while it waited)."""
+        for _entry_id, fields in self.r.xrange(acks_key(self.key)):
+            ack = json.loads(fields["a"])
+            if ack.get("command_id") == command_id and not ack.get("duplicate"):
+                return ack
+        return None
 
     def read_heartbeat(self) -> dict[str, Any] | None:
         raw = self.r.get(heartbeat_key(self.key))
