@@ -154,3 +154,11 @@ def test_due_runs_follow_the_control_step(local_operator, clean_bus) -> None:
     loop.launch.run_bus(run).r.set(loop._key(run, "last"), 5_000.0)
     assert run not in loop.due_runs(now=5_001.0)
     assert run in loop.due_runs(now=5_002.5)
+    # Within half a beat of the step: taken at this beat, not the next one.
+    assert run in loop.due_runs(now=5_001.99)
+    # The steps keep the period: a tick taken late stands for its slot...
+    assert loop.next_slot(5_000.0, 5_002.9, 2.0) == 5_002.0
+    assert loop.next_slot(5_000.0, 5_001.6, 2.0) == 5_002.0
+    # ...unless a whole step was missed, and the schedule restarts from now.
+    assert loop.next_slot(5_000.0, 5_004.5, 2.0) == 5_004.5
+    assert loop.next_slot(None, 5_000.0, 2.0) == 5_000.0

@@ -364,3 +364,79 @@ def test_a_worker_sigkilled_during_a_migration_leaves_it_finished_and_applied_on
             worker.wait(timeout=30)
         Run.objects.filter(pk=run.pk).update(status="stopped")
         assert settings.CONTROL_QUEUE != queue
+
+
+LAB_FORM = {"name": "load", "workload": "random_walk", "rate_scale": "0.04",
+            "base_rate": "8000", "peak_rate": "16000", "at_s": "60", "keys": "file",
+            "key_count": "2836", "zipf_s": "1", "service_ms": "0.5", "steps": "200",
+            "step_s": "1", "seed": "1", "latency_bound_ms": "1.5", "max_workers": "12",
+            "mode": "queue", "strategies": ["lat-node Sw h=1", "th-rule"],
+            "parameters": "{}"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_queued_lab_jobs_leave_the_control_ticks_of_a_live_run_on_time(
+        tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
+    """Eight Strategy Lab comparisons queued (each sized, from a measurement here, to
+    keep the Lab worker busy for seconds) while a live run is under control: no control
+    step of the run comes later than one step period."""
+    import statistics
+
+    from control import lab, sim
+    from control.forms import LabForm
+    from control.models import Decision, LabRun, LabStatus, Policy
+    from pipelines.models import Run
+
+    run = _product_run(operator, tmp_path, "labload")
+    step_s = 2.0
+    # Dry run: the controller decides every step and sends nothing (a reconfiguration
+    # would rightly hold the next tick back).
+    Policy.objects.filter(pk=run.policy_id).update(strategy="lat-node", control_step_s=step_s,
+                                                   strategy_params={"horizon": 2})
+    Run.objects.filter(pk=run.pk).update(dry_run=True)
+    form = LabForm(LAB_FORM, {})
+    assert form.is_valid(), form.errors
+    started = time.perf_counter()
+    sim.simulate(form.scenario)
+    per_200 = time.perf_counter() - started
+    steps = max(200, min(10_000, int(200 * 6.0 / per_200)))  # about 6 s of one core each
+    scenario = {**form.scenario, "steps": steps}
+    runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
+                           os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                           run_id=run.pk, token=run.bus_token)
+    labs: list[Any] = []
+    try:
+        with runner:
+            assert runner.proc is not None
+            Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
+            wait_for(lambda: Decision.objects.filter(run=run).count() >= 2, 180,
+                     "the controller's first decisions")
+            labs = [lab.start_lab(operator, f"load {i}", scenario) for i in range(8)]
+            wait_for(lambda: LabRun.objects.filter(status=LabStatus.RUNNING).exists(), 60,
+                     "the Lab worker to take the first comparison")
+            window = time.time()
+            # While comparisons wait in the Lab queue, up to 15 control steps.
+            while (time.time() - window < 15 * step_s and LabRun.objects.filter(
+                    pk__in=[x.pk for x in labs], status=LabStatus.PENDING).exists()):
+                time.sleep(0.5)
+            closed = time.time()
+            waiting = LabRun.objects.filter(pk__in=[x.pk for x in labs],
+                                            status=LabStatus.PENDING).count()
+            runner.stop()
+        ats = [d.at.timestamp() for d in Decision.objects.filter(run=run).order_by("at")]
+        inside = [t for t in ats if window - step_s <= t <= closed]
+        gaps = [b - a for a, b in zip(inside, inside[1:], strict=False)]
+        print(f"{len(labs)} Lab comparisons of {steps} steps ({per_200 * steps / 200:.1f} s "
+              f"each, modelled from one of 200 steps); over {closed - window:.0f} s with "
+              f"{waiting} still queued at the end: {len(gaps)} control steps, gap median "
+              f"{statistics.median(gaps):.2f} s, max {max(gaps):.2f} s (step {step_s:g} s)")
+        assert closed - window >= 5 * step_s, "the comparisons ran too fast to load the queue"
+        assert len(gaps) >= 4
+        assert max(gaps) <= 2 * step_s, gaps
+    finally:
+        # Leave the Lab worker free for later tests: the queued ones end unrun.
+        LabRun.objects.filter(pk__in=[x.pk for x in labs], status=LabStatus.PENDING).update(
+            status=LabStatus.FAILED, error="cancelled by the test")
+        wait_for(lambda: not LabRun.objects.filter(status=LabStatus.RUNNING).exists(), 120,
+                 "the running comparison to end")
+        Run.objects.filter(pk=run.pk).update(status="stopped")
