@@ -35,6 +35,10 @@ class Benchmark:
 CATALOGUE: tuple[Benchmark, ...] = (
     Benchmark("push", "metrics record -> browser (relay, Channels, daphne, Chromium) vs a "
               "bare Redis XADD->XREAD", ("manage.py", "bench_push")),
+    Benchmark("load", "N concurrent runs and V WebSocket viewers for M minutes (stale "
+              "statuses, lost runs, push latency) vs one viewer of one run",
+              ("manage.py", "bench_load"), ("--minutes", "1", "--viewers", "10",
+                                            "--baseline-s", "20")),
     Benchmark("start", "Start POST -> first point on the run page vs a bare PySpark "
               "application", ("manage.py", "bench_start"), ("--runs", "3")),
     Benchmark("sink", "the latency sink's rows, throughput and p95 vs Spark's own progress",
