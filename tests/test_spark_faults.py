@@ -1,6 +1,9 @@
 """Faults on real Spark runs, each caused for real: Redis killed for 20 s under a running
 query, a runner SIGTERMed, a benchmark SIGTERMed mid-run, a query whose executors are
-frozen (its source blocked). Each run that keeps output ends with the verifier."""
+frozen (its source blocked), a runner SIGKILLed while its executors are throttled, the
+Celery worker SIGKILLed during a migration, eight Lab comparisons queued beside a
+controlled run. Each run that stops ends with the verifier. The ones on the
+product's live stack run once (single_pass): their database use is plain ORM."""
 from __future__ import annotations
 
 import json
@@ -170,6 +173,7 @@ def _state(pid: int) -> str | None:
         return None
 
 
+@pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
         tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
@@ -229,6 +233,7 @@ def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
         Run.objects.filter(pk=run.pk).update(status="stopped")
 
 
+@pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_a_sigkilled_runner_is_lost_within_two_heartbeats_and_no_executor_stays_stopped(
         tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
@@ -284,6 +289,7 @@ def test_a_sigkilled_runner_is_lost_within_two_heartbeats_and_no_executor_stays_
         Run.objects.filter(pk=run.pk).exclude(status="lost").update(status="stopped")
 
 
+@pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_sigkilled_during_a_migration_leaves_it_finished_and_applied_once(
         tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
@@ -374,6 +380,7 @@ LAB_FORM = {"name": "load", "workload": "random_walk", "rate_scale": "0.04",
             "parameters": "{}"}
 
 
+@pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_eight_queued_lab_jobs_leave_the_control_ticks_of_a_live_run_on_time(
         tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
@@ -433,6 +440,7 @@ def test_eight_queued_lab_jobs_leave_the_control_ticks_of_a_live_run_on_time(
         assert closed - window >= 5 * step_s, "the comparisons ran too fast to load the queue"
         assert len(gaps) >= 4
         assert max(gaps) <= 2 * step_s, gaps
+        _verified(runner)
     finally:
         # Leave the Lab worker free for later tests: the queued ones end unrun.
         LabRun.objects.filter(pk__in=[x.pk for x in labs], status=LabStatus.PENDING).update(
