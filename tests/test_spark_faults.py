@@ -151,19 +151,36 @@ def test_a_benchmark_sigtermed_mid_run_leaves_no_process_behind(tmp_path: Path) 
         bench.wait(timeout=30)
 
 
-def _product_run(operator: Any, tmp_path: Path, name: str) -> Any:
+def _product_run(operator: Any, tmp_path: Path, name: str,
+                 spark_cluster: Any) -> tuple[Any, RunnerProcess]:
     """A run as the product records one whose runner was just launched: ``starting``,
     launched now (the reconciler gives it the start grace before it expects a heartbeat),
-    ``running`` once the relay of the live stack applies the runner's query_started."""
+    ``running`` once the relay of the live stack applies the runner's query_started;
+    and its runner, not started yet (see :func:`_launch`)."""
     from django.utils import timezone
 
     from pipelines.models import Run
     from tests.conftest import make_pipeline_and_policy
 
     pipeline, policy = make_pipeline_and_policy(operator, name=name)
-    return Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
-                              created_by=operator, status="starting",
-                              launched_at=timezone.now(), checkpoint_dir=str(tmp_path / "run"))
+    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                             created_by=operator, status="starting",
+                             launched_at=timezone.now(), checkpoint_dir=str(tmp_path / "run"))
+    return run, RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
+                              os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                              run_id=run.pk, token=run.bus_token)
+
+
+def _launched(run: Any, runner: RunnerProcess, batches: int = 3) -> None:
+    """Inside ``with runner``: record its pid as the launch does, and wait for its
+    batches and for the relay to mark the run running."""
+    from pipelines.models import Run
+
+    assert runner.proc is not None
+    Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
+    runner.wait_batches(batches)
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 60,
+             "the relay to mark the run running")
 
 
 def _state(pid: int) -> str | None:
@@ -184,18 +201,12 @@ def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
     from pipelines import launch, tasks
     from pipelines.models import Run
 
-    run = _product_run(operator, tmp_path, "stall")
-    runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
-                           os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
-                           run_id=run.pk, token=run.bus_token)
+    run, runner = _product_run(operator, tmp_path, "stall", spark_cluster)
     step_s = run.policy.control_step_s
     frozen: list[int] = []
     try:
         with runner:
-            Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
-            runner.wait_batches(5)
-            wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 60,
-                     "the relay to mark the run running")
+            _launched(run, runner, batches=5)
             beat = launch.run_bus(run).read_heartbeat()
             assert beat is not None and "expected_batch_s" in beat
             limit = tasks.stall_limit_s(beat["expected_batch_s"], step_s)
@@ -243,18 +254,12 @@ def test_a_sigkilled_runner_is_lost_within_two_heartbeats_and_no_executor_stays_
     from pipelines.models import Run
     from pipelines.runtime import bus as busmod
 
-    run = _product_run(operator, tmp_path, "sigkill")
-    runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
-                           os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
-                           run_id=run.pk, token=run.bus_token)
+    run, runner = _product_run(operator, tmp_path, "sigkill", spark_cluster)
     executors: list[int] = []
     try:
         with runner:
+            _launched(run, runner)
             assert runner.proc is not None
-            Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
-            runner.wait_batches(3)
-            wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 60,
-                     "the relay to mark the run running")
             app_id = runner.event("session_started")["app_id"]
             executors = [p for tree in frequency.executor_processes(app_id).values()
                          for p in tree]
@@ -316,20 +321,13 @@ def test_a_worker_sigkilled_during_a_migration_leaves_it_finished_and_applied_on
              queue, "--concurrency", "1", "-n", f"{queue}@%h"], stdout=log,
             stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
 
-    run = _product_run(operator, tmp_path, "workerkill")
+    run, runner = _product_run(operator, tmp_path, "workerkill", spark_cluster)
     run.policy.max_workers = 2
     run.policy.save()
-    runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
-                           os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
-                           run_id=run.pk, token=run.bus_token)
     worker = start_worker()
     try:
         with runner:
-            assert runner.proc is not None
-            Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
-            runner.wait_batches(3)
-            wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 60,
-                     "the relay to mark the run running")
+            _launched(run, runner)
             actions.record_event(run, EventKind.RECONFIGURE_REQUESTED, "user:operator",
                                  "set workers to 2", {"command": "set_workers", "workers": 2})
             task = celery_app.send_task(
@@ -394,7 +392,7 @@ def test_eight_queued_lab_jobs_leave_the_control_ticks_of_a_live_run_on_time(
     from control.models import Decision, LabRun, LabStatus, Policy
     from pipelines.models import Run
 
-    run = _product_run(operator, tmp_path, "labload")
+    run, runner = _product_run(operator, tmp_path, "labload", spark_cluster)
     step_s = 2.0
     # Dry run: the controller decides every step and sends nothing (a reconfiguration
     # would rightly hold the next tick back).
@@ -408,14 +406,10 @@ def test_eight_queued_lab_jobs_leave_the_control_ticks_of_a_live_run_on_time(
     per_200 = time.perf_counter() - started
     steps = max(200, min(10_000, int(200 * 6.0 / per_200)))  # about 6 s of one core each
     scenario = {**form.scenario, "steps": steps}
-    runner = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT,
-                           os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
-                           run_id=run.pk, token=run.bus_token)
     labs: list[Any] = []
     try:
         with runner:
-            assert runner.proc is not None
-            Run.objects.filter(pk=run.pk).update(runner_pid=runner.proc.pid)
+            _launched(run, runner)
             wait_for(lambda: Decision.objects.filter(run=run).count() >= 2, 180,
                      "the controller's first decisions")
             labs = [lab.start_lab(operator, f"load {i}", scenario) for i in range(8)]

@@ -1,13 +1,16 @@
-"""What the browser benchmarks (``bench_push``, ``bench_start``) share: their operator,
-a free loopback port, the product's processes started with their logs, and waiting
-for daphne to listen."""
+"""What the product benchmarks (``bench_push``, ``bench_start``, ``bench_load``) share:
+their operator, a free loopback port, the product's processes started with their logs
+(and the embedded cluster under them), and waiting for daphne to listen."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -52,3 +55,48 @@ def wait_port(port: int, log: Path, timeout_s: float = 60.0) -> None:
                 return
         time.sleep(0.2)
     raise CommandError(f"daphne did not start; see {log}")
+
+
+@dataclass
+class Product:
+    """The product's processes as ``up`` starts them, on the embedded Spark cluster."""
+
+    port: int
+    logs: Path
+    cluster: Any
+    procs: list[subprocess.Popen]
+
+    def stop(self) -> None:
+        """The processes (as groups), then the standby runners (the reconciler, while it
+        lived, could start one after they were stopped), then the cluster."""
+        from pipelines import launch
+        from pipelines.runtime import cluster
+
+        for proc in self.procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            proc.wait(timeout=30)
+        launch.stop_standbys()
+        cluster.stop(self.cluster)
+
+
+def start_product(out: Any) -> Product:
+    """Start the embedded Spark cluster and the product's processes on a free port, and
+    wait for daphne; ``out`` (a command's stdout) is told what is happening."""
+    from pipelines.management.commands.up import product_processes
+    from pipelines.runtime import cluster
+
+    var = Path(settings.VAR_DIR)
+    logs = var / "bench-logs"
+    port = free_port()
+    out.write("starting the embedded Spark cluster and the product's processes…")
+    info = cluster.start(Path(settings.SPARK_DIR))
+    procs = start_logged(product_processes(port, var, f"bench-{port}@%h"), logs,
+                         {"SPARK_MASTER_URL": info.master_url})
+    product = Product(port=port, logs=logs, cluster=info, procs=procs)
+    try:
+        wait_port(port, logs / "web.log")
+    except BaseException:
+        product.stop()
+        raise
+    return product

@@ -442,7 +442,16 @@ def standby_main(standby_path: str) -> int:
         print(f"error: bad standby config {standby_path}: {exc}", file=sys.stderr)
         return 2
     node = sb.Standby(cfg)
-    signal.signal(signal.SIGTERM, lambda *_: node.stop.set())
+
+    def withdraw(*_: object) -> None:
+        # Its warm-up query may block (a cluster gone): gone within SIGTERM_EXIT_S anyway,
+        # as a runner is. Adopted, it has the runner's own handler instead.
+        node.stop.set()
+        timer = threading.Timer(SIGTERM_EXIT_S, os._exit, args=(0,))
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, withdraw)
     signal.signal(signal.SIGINT, lambda *_: node.stop.set())
     try:
         config_path = node.serve()

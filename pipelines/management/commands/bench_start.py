@@ -19,25 +19,20 @@ and their ratio; the product target is a median of at most 15 s.
 from __future__ import annotations
 
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError
 
 from control.models import Policy
-from pipelines import actions, launch
-from pipelines.management.benchkit import (PASSWORD, bench_operator, free_port, start_logged,
-                                           wait_port)
-from pipelines.management.commands.up import product_processes
+from pipelines import actions
+from pipelines.management.benchkit import PASSWORD, bench_operator, start_product
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import cluster
 from pipelines.runtime import standby
 from pipelines.runtime.definition import DEMO_DEFINITION
 from pipelines.management.browser import headless_chromium, log_in
@@ -88,20 +83,14 @@ class Command(BaseCommand):
         policy, _ = Policy.objects.get_or_create(name="bench-start", defaults={
             "latency_bound_ms": 5000, "power_budget_w": 40, "min_workers": 1,
             "initial_workers": 1, "max_workers": 2, "strategy": "manual"})
-        var = Path(settings.VAR_DIR)
-        logs = var / "bench-logs"
-        port = free_port()
-        self.stdout.write("starting the embedded Spark cluster and the product's processes…")
-        info = cluster.start(Path(settings.SPARK_DIR))
-        procs = start_logged(product_processes(port, var, f"bench-{port}@%h"), logs,
-                             {"SPARK_MASTER_URL": info.master_url})
+        product = start_product(self.stdout)
+        info = product.cluster
         driver = None
         firsts: list[float] = []
         bare: list[tuple[float, float]] = []
         try:
-            wait_port(port, logs / "web.log")
             driver = headless_chromium()
-            base = f"http://127.0.0.1:{port}"
+            base = f"http://127.0.0.1:{product.port}"
             log_in(driver, base, "bench", PASSWORD)
             for i in range(n):
                 waited = self._wait_standby()
@@ -120,12 +109,7 @@ class Command(BaseCommand):
                     "pending", "starting", "running")):
                 actions.request_stop(run, user)
             self._wait_all_ended(user)
-            launch.stop_standbys()
-            for proc in procs:
-                os.killpg(proc.pid, signal.SIGTERM)
-            for proc in procs:
-                proc.wait(timeout=30)
-            cluster.stop(info)
+            product.stop()
         med, base_med = statistics.median(firsts), statistics.median(b[1] for b in bare)
         self.stdout.write(
             f"Start -> first chart point over {n} runs: median {med:.1f} s "
