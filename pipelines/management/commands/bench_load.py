@@ -8,8 +8,9 @@ run's page, as that many browser tabs would (one operator's session, the page's 
 socket URL). For ``--minutes`` it samples every few seconds:
 
 * each run's status against its runner: a status is *stale* when the run shows
-  ``running`` but its heartbeat is gone, or no metrics sample has been stored for
-  ``STALE_S`` (the page would show a frozen chart under a live status);
+  ``running`` but its heartbeat is gone, or its chart is behind the runner (the
+  runner's latest committed batch is more than ``STALE_S`` newer than the latest
+  stored sample: a frozen chart under a live status);
 * a run that ended (``lost``, ``failed``, …) during the window;
 * each viewer's push latency: the runner wrote the record (``written_at``) -> the viewer
   received it, on this machine's clock, and whether every viewer got every batch.
@@ -49,7 +50,7 @@ LOAD_DEFINITION: dict[str, Any] = {
     "key_groups": 4,
     "trigger_ms": 5000,
 }
-STALE_S = 30.0  # no stored sample for this long under a running status: a frozen chart
+STALE_S = 30.0  # a chart this far behind its runner is frozen
 SAMPLE_EVERY_S = 5.0
 
 
@@ -218,17 +219,25 @@ class Command(BaseCommand):
 
     @staticmethod
     def _stale(runs: list[Run]) -> list[str]:
+        """What the page of each run would show wrongly now: ``running`` while its runner
+        has no heartbeat (dead), or a chart behind the runner (its latest committed batch
+        more than STALE_S newer than the latest stored sample). A first batch that is
+        slow under load is neither: the query does run."""
         out = []
-        now = time.time()
         for run in Run.objects.filter(pk__in=[r.pk for r in runs]):
             if run.status != "running":
                 continue
-            if launch.run_bus(run).read_heartbeat() is None:
+            beat = launch.run_bus(run).read_heartbeat()
+            if beat is None:
                 out.append(f"run {run.pk}: running without a heartbeat")
+                continue
+            committed = beat.get("last_batch_at")
             last = (MetricSample.objects.filter(run=run).order_by("-batch_id")
-                    .values_list("t", flat=True).first() or run.started_at)
-            if last is None or now - last.timestamp() > STALE_S:
-                out.append(f"run {run.pk}: running, no sample stored for {STALE_S:.0f} s")
+                    .values_list("t", flat=True).first())
+            behind = committed - last.timestamp() if committed and last else (
+                committed and time.time() - committed)
+            if behind and behind > STALE_S:
+                out.append(f"run {run.pk}: the chart is {behind:.0f} s behind the runner")
         return out
 
     @staticmethod

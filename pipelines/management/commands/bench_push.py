@@ -23,6 +23,7 @@ from control.models import Policy
 from pipelines import actions
 from pipelines.management.benchkit import (PASSWORD, bench_operator, free_port, start_logged,
                                            wait_port)
+from pipelines.management.commands.up import end_on_sigterm
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.definition import DEMO_DEFINITION
@@ -82,6 +83,7 @@ class Command(BaseCommand):
 
         port = free_port()
         logs = Path(settings.VAR_DIR) / "bench-logs"
+        end_on_sigterm()
         procs = start_logged({
             "web": [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                     "webapp.asgi:application"],

@@ -55,8 +55,14 @@ def product_processes(port: int, var: Path, worker_name: str = "streamwise@%h"
     }
 
 
-def _raise_interrupt(*_args: object) -> None:
-    raise KeyboardInterrupt
+def end_on_sigterm() -> None:
+    """SIGTERM (a stop, a timeout, a cancelled CI job) unwinds the command as Ctrl-C
+    does, so its ``finally`` ends every process it started."""
+    def interrupt(*_args: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 class Command(BaseCommand):
@@ -69,8 +75,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         self.procs: list[tuple[str, subprocess.Popen]] = []
         self.cluster_info = None
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+        end_on_sigterm()
         try:
             self._start(options)
             self._watch()
