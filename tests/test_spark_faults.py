@@ -2,8 +2,9 @@
 query, a runner SIGTERMed, a benchmark SIGTERMed mid-run, a query whose executors are
 frozen (its source blocked), a runner SIGKILLed while its executors are throttled, the
 Celery worker SIGKILLed during a migration, eight Lab comparisons queued beside a
-controlled run. Each run that stops ends with the verifier. The ones on the
-product's live stack run once (single_pass): their database use is plain ORM."""
+controlled run. Each run ends with the verifier on what it committed (the benchmark's
+check is that nothing it started is left). The ones on the product's live stack run
+once (single_pass): their database use is plain ORM."""
 from __future__ import annotations
 
 import json
@@ -285,6 +286,7 @@ def test_a_sigkilled_runner_is_lost_within_two_heartbeats_and_no_executor_stays_
               f"frequency {ack['source']}")
         assert run.status_reason.startswith("the runner died"), run.status_reason
         assert lost_after <= 2 * busmod.HEARTBEAT_EVERY_S, lost_after
+        _verified(runner)  # every batch it committed before the kill, exactly once
     finally:
         for pid in executors:
             try:
