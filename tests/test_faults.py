@@ -283,14 +283,15 @@ def test_a_run_left_pending_has_its_start_queued_again_then_fails(
     assert run.status == "failed" and "never started" in run.status_reason
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db
 def test_a_query_without_batches_while_input_waits_is_stalled_until_batches_resume(
-        operator) -> None:
+        local_operator) -> None:
     """The judgement on the runner's heartbeat facts (a real blocked query: see
-    test_spark_faults)."""
+    test_spark_faults). The run stays inside the test's transaction: a live stack's
+    reconciler would find it running without a heartbeat and mark it lost."""
     from pipelines import tasks
 
-    run = _new_run(operator, status="running")
+    run = _new_run(local_operator, status="running")
     limit = tasks.stall_limit_s(1.0, run.policy.control_step_s)
     beat = {"t": 1000.0, "expected_batch_s": 1.0, "input_waiting": True}
     assert tasks.judge_progress(run, {**beat, "last_batch_at": 1000.0 - limit + 1}) == 0

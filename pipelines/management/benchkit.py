@@ -83,7 +83,7 @@ class Product:
 def start_product(out: Any) -> Product:
     """Start the embedded Spark cluster and the product's processes on a free port, and
     wait for daphne; ``out`` (a command's stdout) is told what is happening."""
-    from pipelines.management.commands.up import end_on_sigterm, product_processes
+    from pipelines.management.processes import end_on_sigterm, product_processes
     from pipelines.runtime import cluster
 
     end_on_sigterm()  # a killed benchmark leaves no runner or cluster behind

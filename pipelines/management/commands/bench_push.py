@@ -23,7 +23,7 @@ from control.models import Policy
 from pipelines import actions
 from pipelines.management.benchkit import (PASSWORD, bench_operator, free_port, start_logged,
                                            wait_port)
-from pipelines.management.commands.up import end_on_sigterm
+from pipelines.management.processes import end_on_sigterm
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.definition import DEMO_DEFINITION

@@ -12,7 +12,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from pipelines import launch
+from pipelines.management.processes import end_on_sigterm, product_processes
 from pipelines.runtime import calibration, cluster
 from pipelines.runtime.definition import ELASTIC_DEFINITION
 from pipelines.runtime.harness import HarnessError
@@ -32,37 +32,6 @@ def redis_answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
     except redis.RedisError:
         return False
-
-
-def product_processes(port: int, var: Path, worker_name: str = "streamwise@%h"
-                      ) -> dict[str, list[str]]:
-    """The product's long-running processes (web + WebSockets, the Celery workers of the
-    control and Lab queues, beat, the relay), as ``up`` starts them; the start benchmark
-    starts the same."""
-    py = sys.executable
-    return {
-        "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                "webapp.asgi:application"],
-        "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                   "-Q", settings.CONTROL_QUEUE, "--concurrency", "4", "-n", worker_name],
-        # Lab comparisons on their own worker (one at a time: each uses a core).
-        "lab-worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                       "-Q", settings.LAB_QUEUE, "--concurrency", "1",
-                       "-n", f"lab-{worker_name}"],
-        "beat": [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
-                 "-s", str(var / "celerybeat-schedule")],
-        "relay": [py, str(Path(settings.BASE_DIR) / "manage.py"), "relay"],
-    }
-
-
-def end_on_sigterm() -> None:
-    """SIGTERM (a stop, a timeout, a cancelled CI job) unwinds the command as Ctrl-C
-    does, so its ``finally`` ends every process it started."""
-    def interrupt(*_args: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, interrupt)
 
 
 class Command(BaseCommand):
