@@ -1,13 +1,19 @@
+from typing import Any
+
 from django.contrib import admin
 
+from control import policies
 from control.models import Decision, LabRun, Policy
 
 
 @admin.register(Policy)
 class PolicyAdmin(admin.ModelAdmin):
-    list_display = ("name", "latency_bound_ms", "throughput_floor_rps", "power_budget_w",
-                    "min_workers", "max_workers", "strategy")
+    list_display = ("name", "version", "latency_bound_ms", "throughput_floor_rps",
+                    "power_budget_w", "min_workers", "max_workers", "strategy")
     search_fields = ("name",)
+
+    def save_model(self, request: Any, obj: Policy, form: Any, change: bool) -> None:
+        policies.save_policy(obj, request.user)  # a new version when settings changed
 
 
 @admin.register(LabRun)

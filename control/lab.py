@@ -168,4 +168,5 @@ def policy_from_lab(lab: LabRun, label: str, user: Any) -> tuple[Policy | None, 
     except Exception as exc:  # noqa: BLE001 - shown to the operator as a message
         return None, f"could not create the policy: {exc}"
     policy.save()
+    policy.current_version(user)
     return policy, f"Policy {policy.name} created from {label}."

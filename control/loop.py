@@ -48,7 +48,10 @@ def _key(run: Run, what: str) -> str:
 
 
 def _policy_version(run: Run) -> str:
-    """Names keys that an edited policy must not inherit (its controller, its refusal)."""
+    """Names keys that another policy version must not inherit (its controller, its
+    refusal); a run from before versions is keyed by its policy row's last edit."""
+    if run.policy_version is not None:
+        return f"v{run.policy_version}"
     return f"{run.policy.updated_at.timestamp():.6f}"
 
 
@@ -74,10 +77,12 @@ def due_runs(now: float | None = None) -> list[Run]:
     """Running runs under a controlled policy whose control step has elapsed."""
     now = time.time() if now is None else now
     due = []
-    for run in Run.objects.filter(status=RunStatus.RUNNING).exclude(
-            policy__strategy="manual").select_related("policy"):
+    for run in Run.objects.filter(status=RunStatus.RUNNING).select_related("policy"):
+        policy = run.policy_in_force  # the run's version: its strategy may differ
+        if policy.strategy == "manual":
+            continue
         last = launch.run_bus(run).r.get(_key(run, "last"))
-        if last is None or now - float(last) >= run.policy.control_step_s - TICK_TOLERANCE_S:
+        if last is None or now - float(last) >= policy.control_step_s - TICK_TOLERANCE_S:
             due.append(run)
     return due
 
@@ -93,15 +98,16 @@ def next_slot(last: float | None, now: float, step_s: float) -> float:
 
 def tick(run: Run) -> Decision | None:
     """One control step of ``run``; None when it is not due or has no new batch."""
-    run = Run.objects.select_related("policy").get(pk=run.pk)  # fresh policy, dry-run flag
+    run = Run.objects.select_related("policy").get(pk=run.pk)  # fresh version, dry-run flag
+    step_s = run.policy_in_force.control_step_s
     r = launch.run_bus(run).r
     lock = _key(run, "lock")
-    if not r.set(lock, "1", nx=True, ex=max(int(run.policy.control_step_s * 5), 30)):
+    if not r.set(lock, "1", nx=True, ex=max(int(step_s * 5), 30)):
         return None  # the previous tick of this run is still running
     try:
         last = r.get(_key(run, "last"))
         r.set(_key(run, "last"), next_slot(None if last is None else float(last), time.time(),
-                                           run.policy.control_step_s), ex=STATE_TTL_S)
+                                           step_s), ex=STATE_TTL_S)
         return _tick(run, r)
     finally:
         r.delete(lock)
@@ -196,7 +202,8 @@ class _CeleryActuator:
 
 def control_loop(run: Run, r: Any) -> ControlLoop:
     """The product's adapters around the one control loop (``control.closedloop``)."""
-    return ControlLoop(policy=loop_policy(run.policy, run), metrics=_RunMetrics(run, r),
+    return ControlLoop(policy=loop_policy(run.policy_in_force, run),
+                       metrics=_RunMetrics(run, r),
                        configuration=_RunConfiguration(run),
                        controllers=_RedisControllers(run, r),
                        decisions=_DatabaseDecisions(run, r), actuator=_CeleryActuator(),
@@ -212,7 +219,7 @@ def _tick(run: Run, r: Any) -> Decision | None:
         # Once per policy version: the next ticks would only repeat it.
         if r.set(_key(run, f"refused:{_policy_version(run)}"), "1", nx=True, ex=STATE_TTL_S):
             actions.record_event(run, EventKind.CONTROLLER_REFUSED, ACTOR,
-                                 f"policy {run.policy.name}: {exc}")
+                                 f"policy {run.policy.name} v{run.policy_version}: {exc}")
         return None
     return done.stored if done is not None else None
 

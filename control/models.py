@@ -1,6 +1,8 @@
 """QoS policies: what operators ask of a run."""
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -10,6 +12,11 @@ from control.live import json_safe
 from control.strategies import STRATEGIES
 
 MAX_WORKERS_LIMIT = 64
+# The fields a policy version fixes for the runs that use it (name and description are
+# labels: renaming a policy is not a new version).
+VERSIONED_FIELDS = ("latency_bound_ms", "throughput_floor_rps", "power_budget_w",
+                    "control_step_s", "min_workers", "max_workers", "initial_workers",
+                    "strategy", "strategy_params", "violation_steps", "alert_webhook")
 
 
 class Policy(models.Model):
@@ -47,10 +54,32 @@ class Policy(models.Model):
                                    on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The latest of its versions (PolicyVersion); saved by control.policies.save_policy.
+    version = models.PositiveIntegerField(default=1, editable=False)
 
     class Meta:
         ordering = ["name"]
         verbose_name_plural = "policies"
+
+    def control_settings(self) -> dict[str, Any]:
+        """What a version fixes: everything that steers or bounds a run."""
+        return {name: json_safe(getattr(self, name)) for name in VERSIONED_FIELDS}
+
+    def current_version(self, user: Any = None) -> PolicyVersion:
+        """The version row of the policy's settings as saved now: the latest one, or a
+        new one when the row was changed since (a first save; an edit that did not go
+        through control.policies.save_policy, e.g. the shell)."""
+        latest = self.versions.order_by("-version").first()
+        values = self.control_settings()
+        if latest is not None and latest.values == values:
+            return latest
+        number = latest.version + 1 if latest is not None else 1
+        made = PolicyVersion.objects.create(policy=self, version=number, values=values,
+                                            created_by=user if getattr(user, "pk", None)
+                                            else None)
+        Policy.objects.filter(pk=self.pk).update(version=number)
+        self.version = number
+        return made
 
     def __str__(self) -> str:
         return self.name
@@ -67,6 +96,35 @@ class Policy(models.Model):
             errors["strategy_params"] = "must be a JSON object, e.g. {} or {\"horizon\": 2}"
         if errors:
             raise ValidationError(errors)
+
+
+class PolicyVersion(models.Model):
+    """One version of a policy's settings. A run keeps the version it started with; an
+    edit of the policy makes a new version, which a running run uses only when an
+    operator switches it (control.policies.switch_version)."""
+
+    policy = models.ForeignKey(Policy, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    values = models.JSONField(help_text="the VERSIONED_FIELDS of the policy")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["policy", "-version"]
+        constraints = [models.UniqueConstraint(fields=["policy", "version"],
+                                               name="one_row_per_policy_version")]
+
+    def __str__(self) -> str:
+        return f"{self.policy.name} v{self.version}"
+
+    def as_policy(self) -> Policy:
+        """The policy as this version had it (unsaved: a view, never written back)."""
+        return Policy(pk=self.policy.pk, name=self.policy.name,
+                      description=self.policy.description, version=self.version,
+                      created_by_id=self.policy.created_by_id,
+                      created_at=self.policy.created_at, updated_at=self.created_at,
+                      **self.values)
 
 
 class LabStatus(models.TextChoices):

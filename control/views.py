@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from control import lab
+from control import lab, policies
 from control.forms import LabForm, PolicyForm
 from control.models import LabRun, LabStatus, Policy
 
@@ -26,11 +26,9 @@ def policy_edit(request: HttpRequest, pk: int | None = None) -> HttpResponse:
     policy = get_object_or_404(Policy, pk=pk) if pk else None
     form = PolicyForm(request.POST or None, instance=policy)
     if request.method == "POST" and form.is_valid():
-        saved = form.save(commit=False)
-        if saved.created_by_id is None:
-            saved.created_by = request.user
-        saved.save()
-        messages.success(request, f"Policy {saved.name} saved.")
+        saved = policies.save_policy(form.save(commit=False), request.user)
+        messages.success(request, f"Policy {saved.name} saved as v{saved.version}; running "
+                                  "runs keep their version until switched on their page.")
         return redirect("policy-list")
     return render(request, "control/policy_form.html", {"form": form, "policy": policy})
 

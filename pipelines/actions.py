@@ -196,11 +196,13 @@ def update_config(run: Run, **fields: Any) -> None:
 
 def create_run(pipeline: Pipeline, policy: Policy, user: Any) -> Run:
     """Create a run of the pipeline's current version and queue its start."""
+    version = policy.current_version(user)  # the run keeps it until switched
     run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
-                             created_by=user, workers=0,
+                             policy_version=version.version, created_by=user, workers=0,
                              key_groups=int(pipeline.definition.get("key_groups", 8)))
     record_event(run, EventKind.CREATED, actor_for(user),
-                 f"run of {pipeline.name} v{pipeline.version} under policy {policy.name}")
+                 f"run of {pipeline.name} v{pipeline.version} under policy {policy.name} "
+                 f"v{version.version}")
     transaction.on_commit(lambda: enqueue(Task.START_RUN, run.pk, actor_for(user)))
     return run
 
@@ -296,7 +298,7 @@ def raise_alert(run: Run, actor: str, message: str,
     the caller)."""
     payload = payload or {}
     record_event(run, EventKind.ALERT, actor, message, payload)
-    webhook = run.policy.alert_webhook
+    webhook = run.policy_in_force.alert_webhook
     if webhook:
         body = {"run": run.pk, "policy": run.policy.name, "message": message,
                 "at": timezone.now().isoformat(), **payload}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import secrets
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -112,6 +113,11 @@ class Run(models.Model):
     pipeline_version = models.ForeignKey(PipelineVersion, on_delete=models.PROTECT,
                                          related_name="runs")
     policy = models.ForeignKey("control.Policy", on_delete=models.PROTECT, related_name="runs")
+    # The version of the policy this run uses (control.PolicyVersion): the one it started
+    # with, or one an operator switched it to. Null for runs from before versions.
+    policy_version = models.PositiveIntegerField(null=True, blank=True)
+    # spark.cores.max of its application: the most workers any version can give it.
+    max_workers_cap = models.PositiveIntegerField(null=True, blank=True, editable=False)
     status = models.CharField(max_length=10, choices=RunStatus.choices,
                               default=RunStatus.PENDING, db_index=True)
     status_reason = models.TextField(blank=True)
@@ -170,6 +176,17 @@ class Run(models.Model):
             return False
 
     @property
+    def policy_in_force(self) -> Any:
+        """The policy as this run uses it: its version's settings (a
+        ``control.models.Policy``, unsaved); the policy row itself for a run from before
+        versions. Everything that steers or bounds the run reads this, not ``policy``."""
+        if self.policy_version is not None:
+            found = self.policy.versions.filter(version=self.policy_version).first()
+            if found is not None:
+                return found.as_policy()
+        return self.policy
+
+    @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
 
@@ -201,6 +218,7 @@ class EventKind(enum.StrEnum):
     ALERT = "alert"
     DRY_RUN_ON = "dry_run_on"
     DRY_RUN_OFF = "dry_run_off"
+    POLICY_SWITCHED = "policy_switched"
 
     @staticmethod
     def status(to: str) -> str:

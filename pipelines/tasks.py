@@ -41,7 +41,7 @@ def start_run(run_id: int, actor: str = "system") -> str:
     # Per run, not per id: a reused id must never resume another run's checkpoint.
     checkpoint_dir = Path(settings.CHECKPOINT_ROOT) / f"run-{run.bus_key}"
     try:
-        policy = run.policy
+        policy = run.policy_in_force
         config = {
             "run_id": run.pk,
             "bus_key": run.bus_key,
@@ -62,6 +62,7 @@ def start_run(run_id: int, actor: str = "system") -> str:
         actions.transition(run, RunStatus.FAILED, WORKER, f"could not launch the runner: {exc}")
         return f"failed: {exc}"
     actions.update_config(run, runner_pid=pid, checkpoint_dir=str(checkpoint_dir),
+                          max_workers_cap=policy.max_workers,
                           launched_at=timezone.now())
     how = (f"warm standby {offer.standby_id} (Spark app {offer.app_id})" if offer
            else "a new runner")
@@ -130,7 +131,7 @@ def reconfigure_run(self: Any, run_id: int, changes: dict, actor: str = "system"
         message = f"reconfigure refused: unknown command {command!r}"
         actions.record_event(run, EventKind.RECONFIGURE_REFUSED, actor, message, changes)
         return message
-    policy = run.policy
+    policy = run.policy_in_force
     workers = args.get("workers")
     if command == "set_workers" and (
             not isinstance(workers, int) or isinstance(workers, bool)
@@ -247,7 +248,7 @@ def judge_progress(run: Run, heartbeat: dict[str, Any], age_s: float = 0.0) -> i
     if last is None or expected is None:
         return 0  # before the first batch: the start grace covers a hung start
     quiet = float(heartbeat["t"]) - float(last) + age_s
-    limit = stall_limit_s(float(expected), run.policy.control_step_s)
+    limit = stall_limit_s(float(expected), run.policy_in_force.control_step_s)
     if (run.status == RunStatus.RUNNING and heartbeat.get("input_waiting")
             and not heartbeat.get("reconfiguring") and quiet > limit):
         message = (f"stalled: no batch for {quiet:.0f} s while input waits (limit "

@@ -94,9 +94,10 @@ def run_start(request: HttpRequest) -> HttpResponse:
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(Run.objects.select_related("pipeline_version__pipeline", "policy"),
                             pk=pk)
+    policy = run.policy_in_force
     return render(request, "pipelines/run_detail.html", {
-        "run": run, "policy": run.policy,
-        "workers_form": WorkersForm(policy=run.policy, initial={"workers": run.workers or 1}),
+        "run": run, "policy": policy, "latest_version": run.policy.version,
+        "workers_form": WorkersForm(policy=policy, initial={"workers": run.workers or 1}),
         "rebalance_form": RebalanceForm(),
         "move_form": MoveGroupsForm(key_groups=run.key_groups or 1,
                                     executors=actions.current_executors(run)),
@@ -147,8 +148,25 @@ def run_workers(request: HttpRequest, pk: int) -> HttpResponse:
         actions.request_workers(run, data["workers"], request.user, data["schedule"])
         return f"Asked run {run.pk} for {data['workers']} workers."
 
-    return _reconfigure(request, run, WorkersForm(request.POST, policy=run.policy),
+    return _reconfigure(request, run, WorkersForm(request.POST, policy=run.policy_in_force),
                         "workers can change", act)
+
+
+@run_command
+def run_policy_version(request: HttpRequest, pk: int) -> HttpResponse:
+    """Switch the run to another version of its policy (audited; refused with the reason
+    when the run's Spark application cannot reach the version's worker limit)."""
+    from control import policies
+
+    run = get_object_or_404(Run.objects.select_related("policy"), pk=pk)
+    try:
+        version = int(request.POST.get("version", ""))
+    except ValueError:
+        messages.error(request, "version: a whole number, e.g. 2")
+        return redirect("run-detail", pk=run.pk)
+    ok, message = policies.switch_version(run, version, request.user)
+    (messages.success if ok else messages.error)(request, message)
+    return redirect("run-detail", pk=run.pk)
 
 
 @run_command
