@@ -99,16 +99,16 @@ def next_slot(last: float | None, now: float, step_s: float) -> float:
 def tick(run: Run) -> Decision | None:
     """One control step of ``run``; None when it is not due or has no new batch."""
     run = Run.objects.select_related("policy").get(pk=run.pk)  # fresh version, dry-run flag
-    step_s = run.policy_in_force.control_step_s
+    policy = run.policy_in_force
     r = launch.run_bus(run).r
     lock = _key(run, "lock")
-    if not r.set(lock, "1", nx=True, ex=max(int(step_s * 5), 30)):
+    if not r.set(lock, "1", nx=True, ex=max(int(policy.control_step_s * 5), 30)):
         return None  # the previous tick of this run is still running
     try:
         last = r.get(_key(run, "last"))
         r.set(_key(run, "last"), next_slot(None if last is None else float(last), time.time(),
-                                           step_s), ex=STATE_TTL_S)
-        return _tick(run, r)
+                                           policy.control_step_s), ex=STATE_TTL_S)
+        return _tick(run, policy, r)
     finally:
         r.delete(lock)
 
@@ -200,18 +200,18 @@ class _CeleryActuator:
         enqueue(Task.APPLY_DECISION, stored.pk)
 
 
-def control_loop(run: Run, r: Any) -> ControlLoop:
-    """The product's adapters around the one control loop (``control.closedloop``)."""
-    return ControlLoop(policy=loop_policy(run.policy_in_force, run),
-                       metrics=_RunMetrics(run, r),
+def control_loop(run: Run, policy: Policy, r: Any) -> ControlLoop:
+    """The product's adapters around the one control loop (``control.closedloop``), under
+    ``policy``: the run's version of it (``Run.policy_in_force``)."""
+    return ControlLoop(policy=loop_policy(policy, run), metrics=_RunMetrics(run, r),
                        configuration=_RunConfiguration(run),
                        controllers=_RedisControllers(run, r),
                        decisions=_DatabaseDecisions(run, r), actuator=_CeleryActuator(),
                        dry_run=run.dry_run)
 
 
-def _tick(run: Run, r: Any) -> Decision | None:
-    control = control_loop(run, r)
+def _tick(run: Run, policy: Policy, r: Any) -> Decision | None:
+    control = control_loop(run, policy, r)
     try:
         done = control.tick()
     except live.LoopError as exc:

@@ -65,6 +65,12 @@ class Policy(models.Model):
         """What a version fixes: everything that steers or bounds a run."""
         return {name: json_safe(getattr(self, name)) for name in VERSIONED_FIELDS}
 
+    def version_row(self, version: int | None) -> PolicyVersion | None:
+        """Version ``version`` of this policy, if it exists."""
+        if version is None:
+            return None
+        return self.versions.filter(version=version).first()
+
     def current_version(self, user: Any = None) -> PolicyVersion:
         """The version row of the policy's settings as saved now: the latest one, or a
         new one when the row was changed since (a first save; an edit that did not go

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import transaction
 
-from control.models import Policy, PolicyVersion
+from control.models import Policy
 from pipelines import actions
 from pipelines.models import EventKind, Run
 
@@ -26,12 +26,6 @@ def save_policy(policy: Policy, user: Any) -> Policy:
     return policy
 
 
-def version_of(policy: Policy, version: int | None) -> PolicyVersion | None:
-    if version is None:
-        return None
-    return PolicyVersion.objects.filter(policy=policy, version=version).first()
-
-
 def run_cap(run: Run) -> int:
     """The most workers the run's Spark application can have (``spark.cores.max``, set
     from the max_workers of the version it started with)."""
@@ -43,7 +37,7 @@ def switch_version(run: Run, version: int, user: Any) -> tuple[bool, str]:
     """Make ``run`` use ``version`` of its policy from its next control step; audited as
     a run event. Refused (nothing changes) for an unknown version, a run that has ended,
     or a version whose worker limit the run's application cannot reach."""
-    target = version_of(run.policy, version)
+    target = run.policy.version_row(version)
     if target is None:
         return False, f"policy {run.policy.name} has no version {version}"
     if run.is_terminal:

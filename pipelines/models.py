@@ -180,11 +180,8 @@ class Run(models.Model):
         """The policy as this run uses it: its version's settings (a
         ``control.models.Policy``, unsaved); the policy row itself for a run from before
         versions. Everything that steers or bounds the run reads this, not ``policy``."""
-        if self.policy_version is not None:
-            found = self.policy.versions.filter(version=self.policy_version).first()
-            if found is not None:
-                return found.as_policy()
-        return self.policy
+        found = self.policy.version_row(self.policy_version)
+        return found.as_policy() if found is not None else self.policy
 
     @property
     def is_active(self) -> bool:

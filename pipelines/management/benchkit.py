@@ -57,6 +57,16 @@ def wait_port(port: int, log: Path, timeout_s: float = 60.0) -> None:
     raise CommandError(f"daphne did not start; see {log}")
 
 
+def wait_ended(runs: Any, timeout_s: float) -> None:
+    """Wait (at most ``timeout_s``) until every run of the queryset ``runs`` has ended."""
+    from pipelines.models import TERMINAL_STATUSES
+
+    deadline = time.monotonic() + timeout_s
+    while (runs.exclude(status__in=TERMINAL_STATUSES).exists()
+           and time.monotonic() < deadline):
+        time.sleep(0.5)
+
+
 @dataclass
 class Product:
     """The product's processes as ``up`` starts them, on the embedded Spark cluster."""

@@ -218,6 +218,12 @@ def connect(url: str) -> redis.Redis:
                                 socket_connect_timeout=5, health_check_interval=30)
 
 
+def _is_outcome(ack: dict[str, Any], command_id: str) -> bool:
+    """Whether ``ack`` is the outcome of ``command_id``: the runner's answer to its first
+    delivery, not to a resend ("received before; not applied again")."""
+    return ack.get("command_id") == command_id and not ack.get("duplicate")
+
+
 class RunBus:
     """One run's view of the bus, used by both the runner and the control plane."""
 
@@ -372,7 +378,7 @@ class RunBus:
                 for entry_id, fields in entries:
                     last = entry_id
                     ack = json.loads(fields["a"])
-                    if ack.get("command_id") == command_id and not ack.get("duplicate"):
+                    if _is_outcome(ack, command_id):
                         return ack
 
     def find_ack(self, command_id: str) -> dict[str, Any] | None:
@@ -380,7 +386,7 @@ class RunBus:
         redelivered after its worker died while it waited)."""
         for _entry_id, fields in self.r.xrange(acks_key(self.key)):
             ack = json.loads(fields["a"])
-            if ack.get("command_id") == command_id and not ack.get("duplicate"):
+            if _is_outcome(ack, command_id):
                 return ack
         return None
 

@@ -35,7 +35,7 @@ from django.test import Client
 
 from control.models import Policy
 from pipelines import actions, launch
-from pipelines.management.benchkit import bench_operator, start_product
+from pipelines.management.benchkit import bench_operator, start_product, wait_ended
 from pipelines.models import MetricSample, Pipeline, Run
 
 # A keyed count at a low constant rate, one micro-batch every 5 s: the load is the runs'
@@ -174,7 +174,7 @@ class Command(BaseCommand):
             for run in Run.objects.filter(pk__in=[r.pk for r in runs]):
                 if not run.is_terminal:
                     actions.request_stop(run, user)
-            self._wait_all_ended(runs)
+            wait_ended(Run.objects.filter(pk__in=[r.pk for r in runs]), 120)
             product.stop()
         self._report(base, stale, ended)
 
@@ -239,14 +239,6 @@ class Command(BaseCommand):
             if behind and behind > STALE_S:
                 out.append(f"run {run.pk}: the chart is {behind:.0f} s behind the runner")
         return out
-
-    @staticmethod
-    def _wait_all_ended(runs: list[Run]) -> None:
-        deadline = time.monotonic() + 120
-        while (Run.objects.filter(pk__in=[r.pk for r in runs]).exclude(
-                status__in=("stopped", "failed", "lost")).exists()
-               and time.monotonic() < deadline):
-            time.sleep(0.5)
 
     def _report(self, base: list[float], stale: list[str], ended: list[str]) -> None:
         viewers = self.viewers.viewers

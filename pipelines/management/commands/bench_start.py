@@ -25,12 +25,11 @@ import sys
 import time
 
 from django.conf import settings
-from django.contrib.auth.models import User
 from django.core.management.base import BaseCommand, CommandError
 
 from control.models import Policy
 from pipelines import actions
-from pipelines.management.benchkit import PASSWORD, bench_operator, start_product
+from pipelines.management.benchkit import PASSWORD, bench_operator, start_product, wait_ended
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import bus as busmod
 from pipelines.runtime import standby
@@ -108,7 +107,7 @@ class Command(BaseCommand):
             for run in Run.objects.filter(created_by=user, status__in=(
                     "pending", "starting", "running")):
                 actions.request_stop(run, user)
-            self._wait_all_ended(user)
+            wait_ended(Run.objects.filter(created_by=user), 90)
             product.stop()
         med, base_med = statistics.median(firsts), statistics.median(b[1] for b in bare)
         self.stdout.write(
@@ -161,11 +160,3 @@ class Command(BaseCommand):
                                    f"see {settings.STANDBY_ROOT}")
             time.sleep(0.5)
         return time.monotonic() - started
-
-    @staticmethod
-    def _wait_all_ended(user: User) -> None:
-        deadline = time.monotonic() + 90
-        while (Run.objects.filter(created_by=user).exclude(
-                status__in=("stopped", "failed", "lost")).exists()
-               and time.monotonic() < deadline):
-            time.sleep(0.5)
