@@ -253,6 +253,14 @@ def current_executors(run: Run) -> list[str]:
                   key=lambda e: (len(e), e))
 
 
+def request_replan(run: Run, key_groups: int, scheme: str, user: Any) -> None:
+    """A live re-plan to ``key_groups`` (runtime/replan.py): a new query beside the old
+    one, handed over without downtime (``seamless``) or by ``stop-restart``."""
+    request_reconfiguration(run, "replan", {"key_groups": key_groups, "scheme": scheme},
+                            user, f"re-plan {run.key_groups} -> {key_groups} key groups "
+                                  f"({scheme})")
+
+
 def request_frequency(run: Run, ghz: float, user: Any) -> None:
     request_reconfiguration(run, "set_frequency", {"ghz": ghz}, user,
                             f"set CPU frequency to {ghz:g} GHz")

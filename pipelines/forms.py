@@ -129,3 +129,14 @@ class FrequencyForm(forms.Form):
             raise forms.ValidationError(f"Frequency must be between {self.choices[0]} and "
                                         f"{self.choices[-1]} GHz on this run.")
         return ghz
+
+
+class ReplanForm(forms.Form):
+    """A live re-plan: the run's new number of key groups (state partitions), handed
+    over seamlessly (Gloss) or by stop and restart (the baseline)."""
+
+    key_groups = forms.IntegerField(min_value=1, max_value=pdef.MAX_KEY_GROUPS,
+                                    label="key groups")
+    scheme = forms.ChoiceField(choices=[("seamless", "seamless hand-over"),
+                                        ("stop-restart", "stop and restart")],
+                               initial="seamless")

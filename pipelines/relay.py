@@ -72,6 +72,18 @@ def describe(kind: str, e: dict[str, Any]) -> str:
                 f"(ran on {e.get('ran_on')})")
     if kind == RunnerEvent.FREQUENCY_CHANGED:
         return f"CPU frequency {e.get('ghz')} GHz ({e.get('source')})"
+    if kind == RunnerEvent.REPLAN_STARTED:
+        return (f"re-plan {e.get('from_groups')} → {e.get('to_groups')} key groups "
+                f"({e.get('scheme')}): generation {e.get('generation')} starting")
+    if kind == RunnerEvent.REPLAN_SWITCHED:
+        return (f"generation {e.get('generation')} ({e.get('key_groups')} key groups) "
+                f"forwards from output batch {e.get('epoch')}")
+    if kind == RunnerEvent.REPLAN_DONE:
+        return (f"re-plan {e.get('from_groups')} → {e.get('to_groups')} key groups "
+                f"({e.get('scheme')}): downtime {e.get('downtime_s')} s, disrupted "
+                f"{e.get('disrupted_s')} s, overlap {e.get('overlap_s')} s, catch-up "
+                f"{e.get('catch_up_s')} s, state {e.get('snapshot_rows')} keys read in "
+                f"{e.get('snapshot_s')} s, worst p95 {e.get('worst_p95_ms')} ms")
     return e.get("reason") or ", ".join(f"{k}={v}" for k, v in e.items())
 
 
@@ -111,6 +123,8 @@ def apply_runner_event(run_id: int, entry_id: str, event: dict[str, Any]) -> boo
                               frequency_source=event.get("source", ""))
     elif kind == RunnerEvent.WORKERS_CHANGED:
         actions.update_config(run, workers=event.get("workers", run.workers))
+    elif kind == RunnerEvent.REPLAN_SWITCHED:
+        actions.update_config(run, key_groups=event.get("key_groups", run.key_groups))
     message = describe(kind, details)
     actions.record_event(run, EventKind.runner(kind), "runner", message, details,
                          source_id=entry_id)

@@ -41,7 +41,7 @@ DELETE_CHUNK = 2000
 LIFECYCLE_EVENTS = tuple(f"runner:{k}" for k in (
     RunnerEvent.RUNNER_STARTED, RunnerEvent.SESSION_STARTED, RunnerEvent.EXECUTORS_READY,
     RunnerEvent.QUERY_STARTED, RunnerEvent.STOPPED, RunnerEvent.FAILED,
-    RunnerEvent.MIGRATION_DONE))
+    RunnerEvent.MIGRATION_DONE, RunnerEvent.REPLAN_DONE))
 
 
 @dataclass(frozen=True)

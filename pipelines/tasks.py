@@ -171,6 +171,8 @@ def record_ack(run: Run, command: str, args: dict, actor: str,
         actions.update_config(run, workers=ack.get("workers", args.get("workers")))
     elif ack["ok"] and command == "set_frequency":
         actions.update_config(run, frequency_ghz=ack["ghz"], frequency_source=ack["source"])
+    elif ack["ok"] and command == "replan":
+        actions.update_config(run, key_groups=ack.get("to_groups", run.key_groups))
     kind = EventKind.RECONFIGURED if ack["ok"] else EventKind.RECONFIGURE_FAILED
     actions.record_event(run, kind, "runner", ack["message"], {**ack, "requested_by": actor})
     return bool(ack["ok"]), ack["message"]

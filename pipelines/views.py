@@ -18,6 +18,7 @@ from pipelines.forms import (
     MoveGroupsForm,
     PipelineForm,
     RebalanceForm,
+    ReplanForm,
     StartRunForm,
     WorkersForm,
 )
@@ -101,6 +102,8 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "rebalance_form": RebalanceForm(),
         "move_form": MoveGroupsForm(key_groups=run.key_groups or 1,
                                     executors=actions.current_executors(run)),
+        "replan_form": ReplanForm(initial={"key_groups": run.key_groups or 8}),
+        "replan_refusal": replan_refusal(run),
         "frequency_form": FrequencyForm(choices=run.frequencies, initial={
             "ghz": run.frequency_ghz or (max(run.frequencies) if run.frequencies else None)})})
 
@@ -207,6 +210,33 @@ def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
 
     return _reconfigure(request, run, FrequencyForm(request.POST, choices=run.frequencies),
                         "its frequency can change", act)
+
+
+def replan_refusal(run: Run) -> str | None:
+    """Why this run's pipeline cannot be re-planned live, or None."""
+    from pipelines.runtime import replan
+
+    try:
+        return replan.replan_refusal(pdef.validate(run.pipeline_version.definition))
+    except pdef.DefinitionError as exc:
+        return str(exc)
+
+
+@run_command
+def run_replan(request: HttpRequest, pk: int) -> HttpResponse:
+    """Re-plan the running query to another number of key groups (audited)."""
+    run = get_object_or_404(Run.objects.select_related("pipeline_version"), pk=pk)
+    refusal = replan_refusal(run)
+    if refusal:
+        messages.error(request, f"Run {run.pk} cannot be re-planned: {refusal}.")
+        return redirect("run-detail", pk=run.pk)
+
+    def act(data: dict[str, Any]) -> str:
+        actions.request_replan(run, data["key_groups"], data["scheme"], request.user)
+        return (f"Asked run {run.pk} to re-plan to {data['key_groups']} key groups "
+                f"({data['scheme']}).")
+
+    return _reconfigure(request, run, ReplanForm(request.POST), "it can be re-planned", act)
 
 
 @run_command

@@ -84,14 +84,30 @@ class BatchMetrics:
         # its recent batches took.
         self.last_source_end = 0
         self.batch_s: collections.deque[float] = collections.deque(maxlen=20)
+        # Query run id -> generation (a live re-plan runs two queries for a while).
+        self.generation_of: dict[str, int] = {}
+        # The forwarded batches (commit time, records, p95 ms), for a re-plan's
+        # Gloss metrics (replan.gloss_metrics: 100 s before it and its own span).
+        self.history: collections.deque[tuple[float, int, float | None]] = (
+            collections.deque(maxlen=5000))
+
+    def adopt(self, spec: PipelineSpec, routing: elastic.RoutingTable,
+              checkpoint: Path) -> None:
+        """A re-plan's new generation is the run's query from now on."""
+        self.spec, self.routing, self.checkpoint = spec, routing, checkpoint
+        self.placed_for = {}
+        self.group_ms.clear()
+        self.group_bytes = [0] * spec.key_groups
+        self.last_ran_on = {}
 
     # ------------------------------------------------------------ listener thread
     def on_commit(self, commit: Any) -> None:
-        """From the sink: the batch's commit (time, output rows)."""
-        self.commits[commit.batch_id] = commit
+        """From the sink: a forwarded batch's commit (time, output rows)."""
+        self.commits[(commit.generation, commit.batch_id)] = commit
         # Bounded: progress events normally arrive ~0.1 s after the commit.
-        for old in [b for b in self.commits if b < commit.batch_id - 50]:
-            self.commits.pop(old, None)
+        if len(self.commits) > 100:
+            for stale in sorted(self.commits)[:-50]:
+                self.commits.pop(stale, None)
 
     def on_progress(self, progress: Any) -> MetricsRecord | None:
         """From the listener: join Spark's progress with the sink's commit and queue
@@ -99,8 +115,9 @@ class BatchMetrics:
         from pipelines.runtime.query import latency_quantiles
         from pipelines.runtime.source import OBSERVATION
 
-        commit = self.commits.pop(progress.batchId, None)
-        if commit is None:
+        generation = self.generation_of.get(str(progress.runId), 0)
+        commit = self.commits.pop((generation, progress.batchId), None)
+        if commit is None:  # not forwarded (the other generation's during a re-plan)
             return None
         row = progress.observedMetrics.get(OBSERVATION)
         observed = row.asDict() if row is not None else {}
@@ -108,10 +125,15 @@ class BatchMetrics:
         interval = (commit.committed_at - self.last_commit_at) if self.last_commit_at else None
         self.last_commit_at = commit.committed_at
         lat = latency_quantiles(observed, commit.committed_at)
-        source = progress.sources[0] if progress.sources else None
+        source = next((src for src in progress.sources
+                       if source_offset(src.endOffset) is not None),
+                      progress.sources[0] if progress.sources else None)
         self.batches += 1
         record: MetricsRecord = {
-            "batch_id": progress.batchId,
+            "batch_id": commit.epoch if commit.epoch is not None else progress.batchId,
+            "spark_batch_id": progress.batchId,
+            "generation": generation,
+            "job_group": str(progress.runId),
             "t": commit.committed_at,
             "input_rows": int(progress.numInputRows),
             "records": records,
@@ -141,6 +163,7 @@ class BatchMetrics:
         if record["source_end"] is not None:
             self.last_source_end = record["source_end"]
         self.batch_s.append(record["batch_duration_ms"] / 1000.0)
+        self.history.append((commit.committed_at, records, lat["p95"]))
         self.queue.put(record)
         return record
 
@@ -168,8 +191,9 @@ class BatchMetrics:
             except queue.Empty:
                 continue
             try:
+                group = record.get("job_group") or job_group
                 self.enrich(record, rest.stateful_tasks(
-                    record["batch_id"], tracker.getJobIdsForGroup(job_group),
+                    record["spark_batch_id"], tracker.getJobIdsForGroup(group),
                     self.spec.key_groups, keyed=self.spec.keyed_state))
             except Exception as exc:  # a REST hiccup must not cost the batch's metrics
                 record["monitor_error"] = f"{type(exc).__name__}: {exc}"[:300]
@@ -184,7 +208,7 @@ class BatchMetrics:
 
     def enrich(self, record: MetricsRecord, tasks: placement.BatchTasks) -> None:
         """Add the batch's per-group placement and load (its stateful ``tasks``)."""
-        batch = record["batch_id"]
+        batch = record["spark_batch_id"]
         groups = self.spec.key_groups
         ran_on = {g: t.executor for g, t in tasks.tasks.items()}
         task_ms = {g: t.run_ms for g, t in tasks.tasks.items()}

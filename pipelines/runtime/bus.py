@@ -71,6 +71,10 @@ class RunnerEvent(enum.StrEnum):
     DECOMMISSION_REFUSED = "decommission_refused"  # an executor still held groups
     WORKERS_CHANGED = "workers_changed"
     FREQUENCY_CHANGED = "frequency_changed"
+    REPLAN_STARTED = "replan_started"  # a live re-plan begins (scheme, key groups)
+    REPLAN_SWITCHED = "replan_switched"  # the new query's output is forwarded from now
+    REPLAN_DONE = "replan_done"  # its summary: overlap, catch-up, Gloss' metrics
+    REPLAN_FAILED = "replan_failed"  # abandoned; the old query goes on (reason)
 
 
 class RunnerCommand(enum.StrEnum):
@@ -82,6 +86,7 @@ class RunnerCommand(enum.StrEnum):
     MOVE_GROUPS = "move_groups"  # {moves: {group: executor}, schedule?}
     REBALANCE = "rebalance"  # {planner?, tau?, schedule?}
     SET_FREQUENCY = "set_frequency"  # {ghz}
+    REPLAN = "replan"  # {key_groups, scheme?}: a new query beside the old (replan.py)
 
 
 # A reconfiguration not begun by then is refused, by the runner or by the task that
@@ -139,7 +144,10 @@ class MetricsRecord(TypedDict):
     time -> commit). The placement fields are absent when the batch's tasks could not
     be read (then ``monitor_error`` says why)."""
 
-    batch_id: int
+    batch_id: int  # the run's output batch (epoch): continues across re-plans
+    spark_batch_id: int  # the batch id in its query's checkpoint
+    generation: int  # which query (a live re-plan starts the next one)
+    job_group: str  # its query's run id (Spark's job group of its batches)
     t: float  # the sink's commit time
     input_rows: int
     records: int  # records that reached the sink (the latency sample)

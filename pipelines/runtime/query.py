@@ -56,14 +56,19 @@ def _apply_stateless(df: DataFrame, op: definition.OperatorSpec) -> DataFrame:
 
 
 def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
-                 plan_dir: Path | None = None) -> DataFrame:
+                 plan_dir: Path | None = None, seed: Seed | None = None) -> DataFrame:
     """The output stream of a pipeline (before the sink): one row per updated key, or
-    for a dataflow pipeline what reaches its sink node (``dataflow_spark.py``)."""
+    for a dataflow pipeline what reaches its sink node (``dataflow_spark.py``).
+
+    ``seed``: a re-plan's new generation (``replan.py``) reads the source from
+    ``seed.start`` and first loads ``seed.snapshot`` (the old generation's state) in a
+    batch of its own, while the source holds (``seed.hold``)."""
     if spec.graph is not None:
         from pipelines.runtime.dataflow_spark import build_dataflow
 
         return build_dataflow(spark, spec, t0, plan_dir)
-    df = read_stream(spark, GeneratorDataSource, spec, t0)
+    df = read_stream(spark, GeneratorDataSource, spec, t0, plan_dir,
+                     start=seed.start if seed else 0, hold=seed.hold if seed else None)
     for op in spec.operators:
         if op.type not in definition.STATEFUL_TYPES:
             df = _apply_stateless(df, op)
@@ -75,11 +80,49 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
         return df.groupBy(stateful.key).transformWithStateInPandas(
             hft.make_processor(stateful.window, stateful.slide, stateful.degree),
             hft.OUTPUT_DDL, "Append", "None")
-    value = F.col(stateful.field)
-    agg = {"count": F.count(F.lit(1)), "sum": F.sum(value), "max": F.max(value),
-           "mean": F.avg(value)}[stateful.agg]
-    return df.groupBy(stateful.key).agg(agg.cast("double").alias("agg"),
-                                        F.count(F.lit(1)).alias("records"))
+    return keyed_aggregate(spark, df, stateful, seed.snapshot if seed else None)
+
+
+@dataclass(frozen=True)
+class Seed:
+    """Where a re-plan's new generation starts: the source offset after the old one's
+    last committed batch, its state snapshot there, and the hold marker."""
+
+    start: int
+    snapshot: Path
+    hold: Path
+
+
+# The keyed aggregate's state per key, whatever the aggregate: records, sum and max of
+# the field. One layout for every generation, so a snapshot of any generation seeds the
+# next (replan.read_snapshot) and partial aggregates merge exactly.
+STATE_COLUMNS = ("w", "s", "m")
+
+
+def snapshot_ddl(key: str) -> str:
+    return f"`{key}` long, w long, s double, m double"
+
+
+def keyed_aggregate(spark: SparkSession, df: DataFrame, stateful: definition.OperatorSpec,
+                    snapshot: Path | None = None) -> DataFrame:
+    """Spark's native streaming aggregation, kept as (records, sum, max) per key.
+
+    A record enters as (1, x, x); a snapshot row as the key's (records, sum, max) so
+    far, read as a file stream whose only batch is the new generation's first. The
+    buffers merge exactly: sum of counts, sum of sums (floating-point order aside),
+    max of maxima. The output (key, agg, records) is what ``count``/``sum``/``max``/
+    ``mean`` of the definition would give."""
+    key, x = stateful.key, F.col(stateful.field).cast("double")
+    rows = df.select(F.col(key).cast("long").alias(key), F.lit(1).cast("long").alias("w"),
+                     x.alias("s"), x.alias("m"))
+    if snapshot is not None:
+        rows = rows.unionByName(spark.readStream.schema(snapshot_ddl(key))
+                                .parquet(str(snapshot)))
+    state = rows.groupBy(key).agg(F.sum("w").alias("records"), F.sum("s").alias("s"),
+                                  F.max("m").alias("m"))
+    value = {"count": F.col("records").cast("double"), "sum": F.col("s"),
+             "max": F.col("m"), "mean": F.col("s") / F.col("records")}[stateful.agg]
+    return state.select(F.col(key), value.alias("agg"), F.col("records"))
 
 
 @dataclass
@@ -90,6 +133,8 @@ class BatchCommit:
     output_rows: int  # rows written by the sink (updated keys)
     started_at: float
     committed_at: float
+    generation: int = 0  # the query generation (a live re-plan starts a new one)
+    epoch: int | None = None  # the run's output batch it was forwarded as
 
 
 def latency_quantiles(observed: dict[str, Any], committed_at: float) -> dict[str, float | None]:
@@ -120,28 +165,40 @@ class LatencySink:
     written atomically and overwritten by a retried batch (idempotent, so exactly-once
     holds for the verifier); otherwise they are only counted. Either way one Spark job
     computes the batch (a second action would re-run the stateful operator).
+
+    ``claim`` (a re-plan's output arbiter, ``replan.Arbiter``) says whether the batch's
+    output is forwarded, as which of the run's output batches (its epoch), or discarded
+    (another generation forwards that input); without it every batch is forwarded as its
+    own id. A discarded batch still runs (its state must advance) into ``noop``.
     """
 
     def __init__(self, on_commit: Callable[[BatchCommit], None],
                  output_dir: Path | str | None = None,
-                 between_batches: Callable[[int], None] | None = None) -> None:
+                 between_batches: Callable[[int], None] | None = None,
+                 claim: Callable[[int], int | None] | None = None,
+                 generation: int = 0) -> None:
         self.on_commit = on_commit
         self.output_dir = Path(output_dir) if output_dir else None
         self.between_batches = between_batches
+        self.claim = claim
+        self.generation = generation
         self.batch_lock = threading.Lock()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.batch_lock:
             started = time.time()
-            if self.output_dir is None:
+            epoch = self.claim(batch_id) if self.claim is not None else batch_id
+            if self.output_dir is None or epoch is None:
                 rows = self._discard(batch_df)
             else:
-                rows = self._keep(batch_df.toArrow(), batch_id)
+                rows = self._keep(batch_df.toArrow(), epoch)
             committed = time.time()
-            if self.between_batches is not None:
+            if self.between_batches is not None and epoch is not None:
                 self.between_batches(batch_id)
-        self.on_commit(BatchCommit(batch_id=batch_id, output_rows=int(rows),
-                                   started_at=started, committed_at=committed))
+        if epoch is not None:
+            self.on_commit(BatchCommit(batch_id=batch_id, output_rows=int(rows),
+                                       started_at=started, committed_at=committed,
+                                       generation=self.generation, epoch=epoch))
 
     @staticmethod
     def _discard(batch_df: DataFrame) -> int:

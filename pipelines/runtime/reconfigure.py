@@ -57,6 +57,8 @@ class RunnerHandle(Protocol):
 
     def executors_now(self) -> list[str]: ...
 
+    def replan(self, args: dict[str, Any]) -> Outcome: ...
+
 
 class Reconfigurer:
     def __init__(self, cfg: ElasticDefaults, spec: PipelineSpec, bus: RunBus,
@@ -357,6 +359,11 @@ class Reconfigurer:
                     f"{summary['steps']} {schedule} steps" if ok else
                     f"migration {migration.id} failed: {migration.failed}"), \
             {"migration": summary, "plan": info, "placement": self.routing.snapshot()}
+
+    def cmd_replan(self, args: dict[str, Any]) -> Outcome:
+        """A live re-plan (new key groups): the runner starts a new query generation
+        beside this one and hands over (``replan.py``)."""
+        return self.runner.replan(args)
 
     def cmd_set_frequency(self, args: dict[str, Any]) -> Outcome:
         ghz = args.get("ghz")

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import definition, elastic, frequency, placement, power
+from pipelines.runtime import definition, elastic, frequency, placement, power, replan
 from pipelines.runtime.batch_metrics import BatchMetrics
 from pipelines.runtime.bus import RECONFIGURATIONS, RunnerEvent
 from pipelines.runtime.reconfigure import Reconfigurer
@@ -110,6 +110,12 @@ class Runner:
         self.coord: Any = None
         self.rest: Any = None
         self.releasing_at_start: set[str] = set()
+        # The query generations (a live re-plan starts the next one beside the current
+        # one) and the arbiter that forwards each input range's output once (replan.py).
+        self.generation = replan.Generation(0, self.spec.key_groups,
+                                            self.run_dir / "checkpoint")
+        self.arbiter = replan.Arbiter(self.run_dir, self.generation)
+        self.replanning = False
         routing = elastic.RoutingTable(self.spec.key_groups)
         self.metrics = BatchMetrics(self.spec, bus, self.run_dir / "checkpoint", routing, self)
         f_max_ghz, freq_source = power.read_frequency_ghz()
@@ -150,7 +156,7 @@ class Runner:
                          ).start()
         threading.Thread(target=self.reconfig.loop, name="reconfigure", daemon=True).start()
         while not self.stop_event.wait(0.5):
-            if not self.query.isActive:
+            if not self.query.isActive and not self.replanning:
                 exc = self.query.exception()
                 raise RuntimeError(f"streaming query ended: {exc}" if exc else
                                    "streaming query ended without a stop request")
@@ -240,26 +246,17 @@ class Runner:
 
     def _start_query(self) -> None:
         from pipelines.runtime.listener import MetricsListener
-        from pipelines.runtime.query import LatencySink, build_stream
 
         checkpoint = self._checkpoint()
-        self.sink = LatencySink(self.metrics.on_commit,
-                                output_dir=self.run_dir / "output" if self.spec.keep_output
-                                else None,
-                                between_batches=self.reconfig.between_batches)
         self.t0 = self.cfg.t0 or time.time()
         # The verifier needs the schedule clock the records were generated against.
         (self.run_dir / "t0").write_text(json.dumps({"t0": self.t0}))
         self.spark.streams.addListener(MetricsListener(self.metrics.on_progress))
-        built = time.perf_counter()
-        stream = build_stream(self.spark, self.spec, self.t0, self.run_dir / "source-plan")
-        print(f"stream built in {time.perf_counter() - built:.1f}s", flush=True)
-        writer = (stream.writeStream.foreachBatch(self.sink).outputMode(self.spec.output_mode)
-                  .option("checkpointLocation", str(checkpoint))
-                  .queryName(f"run_{self.cfg.run_id}"))
-        if self.spec.trigger_ms:
-            writer = writer.trigger(processingTime=f"{self.spec.trigger_ms} milliseconds")
-        self.query = writer.start()
+        assert checkpoint == self.generation.checkpoint
+        self._start_generation(self.generation, self.spec)
+        self.generation.adopted = True
+        self.query = self.generation.query
+        self.sink = self.generation.sink
         self.coord = placement.StateStoreCoordinatorView(
             self.spark, str(self.query.runId), checkpoint, self.spec.key_groups)
         self.phase = "running"
@@ -269,6 +266,175 @@ class Runner:
                                state_store=self.spec.state_store,
                                frequency_source=self.frequency_label(),
                                frequencies=list(self.reconfig.actuator.frequencies()))
+
+    def _start_generation(self, gen: replan.Generation, spec: definition.PipelineSpec,
+                          seed: Any = None) -> None:
+        """Start ``gen``'s query: its sink forwards what the arbiter lets through."""
+        from pipelines.runtime.query import LatencySink, build_stream
+
+        def claim(batch_id: int) -> int | None:
+            if seed is not None and batch_id == 0:
+                # The snapshot loads in this batch; the source reads from the next one.
+                seed.hold.touch()
+            return self.arbiter.claim(gen, batch_id)
+
+        def between_batches(batch_id: int) -> None:
+            if gen.adopted:
+                self.reconfig.between_batches(batch_id)
+            if gen.pause_s > 0:  # throttled while a new generation catches up
+                time.sleep(gen.pause_s)
+
+        def on_commit(commit: Any) -> None:
+            gen.batch_s = commit.committed_at - commit.started_at
+            self.metrics.on_commit(commit)
+
+        gen.sink = LatencySink(on_commit,
+                               output_dir=self.run_dir / "output" if spec.keep_output
+                               else None,
+                               between_batches=between_batches, claim=claim,
+                               generation=gen.number)
+        built = time.perf_counter()
+        stream = build_stream(self.spark, spec, self.t0, self.run_dir / "source-plan", seed)
+        print(f"stream of generation {gen.number} built in "
+              f"{time.perf_counter() - built:.1f}s", flush=True)
+        writer = (stream.writeStream.foreachBatch(gen.sink).outputMode(spec.output_mode)
+                  .option("checkpointLocation", str(gen.checkpoint))
+                  .queryName(f"run_{self.cfg.run_id}" if gen.number == 0
+                             else f"run_{self.cfg.run_id}_gen_{gen.number}"))
+        if spec.trigger_ms:
+            writer = writer.trigger(processingTime=f"{spec.trigger_ms} milliseconds")
+        gen.query = writer.start()
+        self.metrics.generation_of[str(gen.query.runId)] = gen.number
+
+    # ------------------------------------------------------------------ re-plan
+    def replan(self, args: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
+        """A live re-plan to ``args['key_groups']`` (``replan.py``): ``seamless``
+        (Gloss' adaptive hand-over) or ``stop-restart`` (stop-and-copy)."""
+        scheme = args.get("scheme") or "seamless"
+        if scheme not in replan.SCHEMES:
+            return False, f"scheme must be one of {', '.join(replan.SCHEMES)}", {}
+        refusal = replan.replan_refusal(self.spec)
+        if refusal:
+            return False, refusal, {}
+        try:
+            groups = int(args.get("key_groups", self.spec.key_groups))
+            new_spec = definition.validate({**self.spec.raw, "key_groups": groups})
+        except (TypeError, ValueError) as exc:
+            return False, f"key_groups: {exc}", {}
+        old = self.generation
+        if replan.last_committed(old.checkpoint) is None:
+            return False, "the query has not committed a batch yet: nothing to hand over", {}
+        number = max(self.arbiter.generations) + 1
+        gdir = self.run_dir / f"gen-{number}"
+        t_request = time.time()
+        self.bus.publish_event(RunnerEvent.REPLAN_STARTED, scheme=scheme, generation=number,
+                               from_groups=old.key_groups, to_groups=groups)
+        self.replanning = True
+        new = replan.Generation(number, groups, gdir / "checkpoint")
+        try:
+            facts = self._hand_over(old, new, new_spec, scheme, gdir)
+        except Exception as exc:
+            self._abandon(new)
+            if scheme == "stop-restart" or not (old.query and old.query.isActive):
+                self.replanning = False
+                raise  # the old query is gone: the run cannot go on
+            old.pause_s = 0.0
+            self.replanning = False
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            self.bus.publish_event(RunnerEvent.REPLAN_FAILED, generation=number,
+                                   reason=reason)
+            return False, f"re-plan abandoned, generation {old.number} goes on: {reason}", {}
+        self.replanning = False
+        t_switch = facts["switched_at"]
+        # Measure the span the way Gloss §9.1 does, SETTLE_S past the switch.
+        self.stop_event.wait(max(0.0, t_switch + replan.SETTLE_S - time.time()))
+        schedule = self.spec.schedule()
+        measured = replan.gloss_metrics(list(self.metrics.history), t_request,
+                                        t_switch + replan.SETTLE_S,
+                                        lambda t: schedule.records_by(t - self.t0))
+        summary = {"scheme": scheme, "generation": number, "from_groups": old.key_groups,
+                   "to_groups": groups, "requested_at": t_request, **facts,
+                   **measured.as_dict()}
+        self.bus.publish_event(RunnerEvent.REPLAN_DONE, **summary)
+        message = (f"re-planned {old.key_groups} -> {groups} key groups ({scheme}): "
+                   f"downtime {measured.downtime_s} s, disrupted {measured.disrupted_s} s, "
+                   f"overlap {facts['overlap_s']:.1f} s")
+        return True, message, summary
+
+    def _hand_over(self, old: replan.Generation, new: replan.Generation,
+                   spec: definition.PipelineSpec, scheme: str, gdir: Path) -> dict[str, Any]:
+        from pipelines.runtime.query import Seed
+
+        started = time.time()
+        if scheme == "stop-restart":
+            old.query.stop()  # Gloss §4.1: no output from here until the new query's
+        import shutil
+
+        shutil.rmtree(gdir, ignore_errors=True)
+        gdir.mkdir(parents=True)
+        batch = replan.last_committed(old.checkpoint)
+        assert batch is not None
+        start = replan.batch_end(old.checkpoint, batch)
+        new.start = start
+        snap = time.perf_counter()
+        rows = replan.write_snapshot(self.spark, old.checkpoint, batch, spec.stateful.key,
+                                     spec.stateful.agg, gdir / "snapshot")
+        snapshot_s = time.perf_counter() - snap
+        self.arbiter.propose(new)
+        self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
+        self._start_generation(new, spec, Seed(start, gdir / "snapshot", gdir / "hold"))
+        new_started = time.time()
+        deadline = new_started + replan.CATCH_UP_TIMEOUT_S
+        while not self.arbiter.switched.wait(0.2):
+            if self.stop_event.is_set():
+                raise replan.ReplanError("the run is stopping")
+            if not new.query.isActive:
+                exc = new.query.exception()
+                raise replan.ReplanError(f"the new query ended: {exc}")
+            if time.time() > deadline:
+                raise replan.ReplanError(f"the new query had not caught up after "
+                                         f"{replan.CATCH_UP_TIMEOUT_S:.0f} s")
+            if scheme == "seamless":
+                old.pause_s = replan.throttle_pause(time.time() - new_started, old.batch_s)
+        old.pause_s = 0.0
+        switched_at = self.arbiter.switched_at or time.time()
+        self.bus.publish_event(RunnerEvent.REPLAN_SWITCHED, generation=new.number,
+                               key_groups=new.key_groups, epoch=self.arbiter.last_epoch,
+                               after_batch=new.first_batch)
+        if scheme == "seamless":
+            old.query.stop()
+        self._adopt(new, spec)
+        return {"snapshot_batch": batch, "snapshot_rows": rows,
+                "snapshot_s": round(snapshot_s, 2), "start_offset": start,
+                "overlap_from": new_started if scheme == "seamless" else started,
+                "overlap_to": switched_at,
+                "overlap_s": round(switched_at - new_started, 2)
+                if scheme == "seamless" else 0.0,
+                "catch_up_s": round(switched_at - new_started, 2),
+                "switched_at": switched_at, "discarded_batches": self.arbiter.discarded}
+
+    def _adopt(self, new: replan.Generation, spec: definition.PipelineSpec) -> None:
+        """The new generation is the run's query: placement, metrics and commands act
+        on it from its next batch."""
+        self.routing.abort("the query was re-planned")
+        routing = elastic.RoutingTable(spec.key_groups)
+        self.metrics.adopt(spec, routing, new.checkpoint)
+        self.reconfig.spec, self.reconfig.routing = spec, routing
+        self.spec, self.routing = spec, routing
+        self.coord = placement.StateStoreCoordinatorView(
+            self.spark, str(new.query.runId), new.checkpoint, spec.key_groups)
+        old, self.query, self.sink, self.generation = (self.generation, new.query,
+                                                       new.sink, new)
+        old.adopted = False
+        new.adopted = True
+
+    def _abandon(self, new: replan.Generation) -> None:
+        self.arbiter.withdraw(new)
+        if new.query is not None:
+            try:
+                new.query.stop()
+            except Exception:  # a failed query can raise on stop; it is gone either way
+                pass
 
     def _shutdown(self) -> None:
         self.phase = "stopping"

@@ -8,7 +8,10 @@ emission time each record carries) includes the wait.
 
 Options (strings, as Spark passes them): ``spec`` (the validated definition as JSON),
 ``t0`` (epoch seconds of the run's start; part of the checkpointed query so a restart
-replays the same schedule), ``plan_dir`` (optional, below).
+replays the same schedule), ``plan_dir`` (optional, below), ``start`` (the first record
+to read, default 0) and ``hold`` (a path: while no file is there the source reports no
+new record). A re-plan's new generation (``replan.py``) reads from the old one's
+committed end and holds until its state snapshot has been loaded in a batch of its own.
 
 A query that reads the source in several places (a dataflow pipeline joining two
 branches of one source) holds one reader per place, each asked for its latest offset
@@ -16,7 +19,11 @@ when Spark plans a micro-batch. Read from the clock, their ends would differ by 
 records and the branches would see different batches. With ``plan_dir`` the first
 reader to plan the batch starting at ``start`` writes its end to ``plan_dir/<start>``
 (an exclusive create) and every other reader takes that end: by induction from offset
-0 all branches read the same records in every batch.
+0 all branches read the same records in every batch. The same agreement makes the two
+generations of a live re-plan read the same epochs (Gloss' deterministic input,
+Rajadurai et al., ASPLOS 2018, §6.1): the new query starts at a batch boundary of the
+old one and from there takes the old one's ends, or the old one takes the new one's.
+Planned ends are kept ``PLAN_KEEP_S`` so a generation catching up still finds them.
 """
 from __future__ import annotations
 
@@ -55,6 +62,9 @@ ARROW_SCHEMA = pa.schema([pa.field("seq", pa.int64(), nullable=False),
                           pa.field("value", pa.float64(), nullable=False),
                           pa.field("emit_ts", pa.float64(), nullable=False)])
 CHUNK_ROWS = 65_536  # Arrow batch size yielded by read(): bounded memory per task
+# How long a planned batch end stays in plan_dir: longer than any re-plan's overlap
+# (replan.CATCH_UP_TIMEOUT_S), so the generation behind still reads the agreed ends.
+PLAN_KEEP_S = 900.0
 
 
 @lru_cache(maxsize=8)
@@ -79,9 +89,11 @@ class GeneratorStreamReader(DataSourceStreamReader):
         self.partitions_n = spec.partitions
         self.max_rows = spec.max_records_per_batch
         self.plan_dir = Path(options["plan_dir"]) if options.get("plan_dir") else None
+        self.start = int(options.get("start") or 0)
+        self.hold = Path(options["hold"]) if options.get("hold") else None
 
     def initialOffset(self) -> dict:
-        return {"offset": 0}
+        return {"offset": self.start}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.max_rows)
@@ -93,6 +105,8 @@ class GeneratorStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         available = self._available()
         begin = int(start["offset"])
+        if self.hold is not None and not self.hold.exists():
+            return {"offset": begin}
         if isinstance(limit, ReadAllAvailable):
             end = max(begin, available)
         else:
@@ -101,25 +115,57 @@ class GeneratorStreamReader(DataSourceStreamReader):
         return {"offset": self._agree(begin, end) if self.plan_dir else end}
 
     def _agree(self, begin: int, end: int) -> int:
-        """The end every reader of this query uses for the batch starting at ``begin``."""
+        """The end every reader of this query uses for the batch starting at ``begin``.
+
+        A reader that finds ``begin`` planned already is behind the planner (a re-plan's
+        new generation catching up): it may cover several planned batches at once, up to
+        its own ``end``, and still end where a planned batch ends; so it catches up in
+        fewer, larger batches and stays on the boundaries it must meet at the hand-over.
+        """
         assert self.plan_dir is not None
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         path = self.plan_dir / str(begin)
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            for _ in range(200):  # the writer is between its create and its write
-                text = path.read_text().strip()
-                if text:
-                    return int(text)
-                time.sleep(0.005)
-            raise RuntimeError(f"no planned end in {path}") from None
+            agreed = self._planned(path)
+            while True:
+                following = self.plan_dir / str(agreed)
+                if not following.exists():
+                    return agreed
+                further = self._planned(following)
+                if further > end:
+                    return agreed
+                agreed = further
         with os.fdopen(fd, "w") as out:
             out.write(str(end))
-        for old in self.plan_dir.iterdir():  # batches before this one are planned
-            if old.name.isdigit() and int(old.name) < begin:
-                old.unlink(missing_ok=True)
+        if begin % 64 == 0 or not self._pruned:
+            self._prune(begin)
         return end
+
+    @staticmethod
+    def _planned(path: Path) -> int:
+        for _ in range(200):  # the writer is between its create and its write
+            text = path.read_text().strip()
+            if text:
+                return int(text)
+            time.sleep(0.005)
+        raise RuntimeError(f"no planned end in {path}")
+
+    _pruned = False
+
+    def _prune(self, begin: int) -> None:
+        """Forget ends planned long ago (another generation may still need recent ones)."""
+        assert self.plan_dir is not None
+        self._pruned = True
+        horizon = time.time() - PLAN_KEEP_S
+        for old in self.plan_dir.iterdir():
+            try:
+                if (old.name.isdigit() and int(old.name) < begin
+                        and old.stat().st_mtime < horizon):
+                    old.unlink(missing_ok=True)
+            except FileNotFoundError:  # another reader pruned it
+                pass
 
     def reportLatestOffset(self) -> dict:
         return {"offset": self._available()}
@@ -163,10 +209,15 @@ class GeneratorDataSource(DataSource):
 
 
 def source_options(spec: definition.PipelineSpec, t0: float,
-                   plan_dir: Path | str | None = None) -> dict[str, str]:
+                   plan_dir: Path | str | None = None, start: int = 0,
+                   hold: Path | str | None = None) -> dict[str, str]:
     options = {"spec": json.dumps(spec.raw, sort_keys=True), "t0": repr(t0)}
     if plan_dir is not None:
         options["plan_dir"] = str(plan_dir)
+    if start:
+        options["start"] = str(start)
+    if hold is not None:
+        options["hold"] = str(hold)
     return options
 
 
@@ -178,13 +229,14 @@ PERCENTILE_ACCURACY = 10_000
 
 def read_stream(spark: SparkSession, data_source: type[GeneratorDataSource],
                 spec: definition.PipelineSpec, t0: float,
-                plan_dir: Path | str | None = None) -> DataFrame:
+                plan_dir: Path | str | None = None, start: int = 0,
+                hold: Path | str | None = None) -> DataFrame:
     """The source's records as a stream. The schema given here spares a Python round
     trip on the driver at query start."""
     spark.dataSource.register(data_source)
     return (spark.readStream.format(data_source.source_name)
             .schema(data_source.source_schema)
-            .options(**source_options(spec, t0, plan_dir)).load())
+            .options(**source_options(spec, t0, plan_dir, start, hold)).load())
 
 
 def observe_latency(df: DataFrame) -> DataFrame:

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from control import workload
-from pipelines.runtime import definition, hft
+from pipelines.runtime import definition, hft, replan
 from pipelines.runtime.query import output_path
 
 MAX_PROBLEMS = 20
@@ -88,12 +88,48 @@ def read_log(directory: Path) -> dict[int, str]:
 
 
 def end_offsets(checkpoint: Path) -> dict[int, int]:
-    """Batch id -> our source's end offset (the offset log's third line)."""
+    """Batch id -> our source's end offset (its line in the offset log)."""
     ends = {}
     for batch, text in read_log(checkpoint / "offsets").items():
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        ends[batch] = int(json.loads(lines[2])["offset"])
+        end = replan.generator_offset(text)
+        if end is not None:
+            ends[batch] = end
     return ends
+
+
+def epoch_ranges(run_dir: Path, report: VerifyReport
+                 ) -> tuple[list[int], dict[int, int], dict[int, int]]:
+    """A re-planned run's output batches (epochs) and each one's source range, from
+    ``generations.json`` (``replan.Arbiter``) and each generation's offset log. The
+    ranges must tile the input: each epoch starts where the one before ended."""
+    doc = json.loads((run_dir / replan.GENERATIONS_FILE).read_text())
+    epochs: list[int] = []
+    starts: dict[int, int] = {}
+    ends: dict[int, int] = {}
+    for gen in doc["generations"]:
+        checkpoint = run_dir / gen["checkpoint"]
+        gen_ends = end_offsets(checkpoint)
+        last = gen["last_batch"]
+        if last is None:  # the generation still forwarding: up to its last commit
+            committed = [b for b in read_log(checkpoint / "commits") if b in gen_ends]
+            last = max(committed, default=gen["first_batch"] - 1)
+        for b in range(gen["first_batch"], last + 1):
+            epoch = b + gen["epoch_offset"]
+            if b not in gen_ends:
+                report.problem("lost", 0, f"generation {gen['generation']} has no offsets "
+                               f"for its batch {b} (epoch {epoch})")
+                continue
+            epochs.append(epoch)
+            starts[epoch] = gen_ends.get(b - 1, gen["start"]) if b > 0 else gen["start"]
+            ends[epoch] = gen_ends[b]
+    epochs.sort()
+    for prev, epoch in zip(epochs, epochs[1:]):
+        if epoch != prev + 1 or starts[epoch] != ends[prev]:
+            kind = "duplicated" if starts[epoch] < ends[prev] else "lost"
+            report.problem(kind, abs(starts[epoch] - ends[prev]),
+                           f"epoch {epoch} reads from {starts[epoch]} but epoch {prev} "
+                           f"ended at {ends[prev]}")
+    return epochs, starts, ends
 
 
 def apply_stateless(spec: definition.PipelineSpec, recs: workload.Records) -> pd.DataFrame:
@@ -148,6 +184,18 @@ def verify(spec: definition.PipelineSpec, t0: float, checkpoint: Path | str,
     """Check a run's kept output batch by batch; ``progress(done, of)`` hears of each."""
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     report = VerifyReport()
+    if (checkpoint.parent / replan.GENERATIONS_FILE).exists() and spec.graph is None:
+        epochs, starts, epoch_ends = epoch_ranges(checkpoint.parent, report)
+        if not epochs or epochs[0] != 0:
+            report.problem("lost", 0, "the re-planned run's output does not start at epoch 0")
+            return report
+        if spec.stateful.type == "hft_window":
+            _verify_hft(spec, t0, epochs, starts, epoch_ends, output_dir, report,
+                        spec.schedule(), spec.key_distribution(), progress)
+        else:
+            _verify_aggregate(spec, t0, epochs, starts, epoch_ends, output_dir, report,
+                              spec.schedule(), spec.key_distribution(), progress)
+        return report
     ends = end_offsets(checkpoint)
     committed = sorted(b for b in read_log(checkpoint / "commits") if b in ends)
     if not committed:

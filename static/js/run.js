@@ -12,10 +12,14 @@
 
   // Exposed for the browser test and the push-latency benchmark.
   const probe = { points: 0, lastBatch: -1, arrivals: [], status: null, socketOpen: false,
-                  placement: null, migration: null, decisions: 0, markers: 0, alerts: 0 };
+                  placement: null, migration: null, decisions: 0, markers: 0, alerts: 0,
+                  overlaps: [] };
   const MAX_DECISIONS = 100;
   // Reconfiguration instants (epoch s), drawn as vertical lines on every time chart.
   const markerTimes = [];
+  // Re-plan spans [from, to] (epoch s): the two queries' overlap (seamless) or the
+  // stop-and-restart gap, shaded on every time chart (Gloss Fig. 10).
+  const overlaps = [];
   const markersPlugin = {
     id: "reconfigurations",
     afterDatasetsDraw(chart) {
@@ -23,6 +27,15 @@
       if (!x) return;
       const { ctx, chartArea } = chart;
       ctx.save();
+      for (const o of overlaps) {
+        if (o.to < x.min || o.from > x.max) continue;
+        const left = x.getPixelForValue(Math.max(o.from, x.min));
+        const right = x.getPixelForValue(Math.min(o.to, x.max));
+        ctx.fillStyle = o.scheme === "seamless" ? "rgba(5, 150, 105, 0.15)"
+                                                : "rgba(220, 38, 38, 0.15)";
+        ctx.fillRect(left, chartArea.top, Math.max(right - left, 2),
+                     chartArea.bottom - chartArea.top);
+      }
       ctx.strokeStyle = "rgba(124, 58, 237, 0.55)";
       ctx.setLineDash([4, 3]);
       for (const t of markerTimes) {
@@ -353,8 +366,16 @@
     while (tbody.children.length > MAX_EVENTS) tbody.removeChild(tbody.lastChild);
     // Operator and runner reconfigurations are markers too (the controller's come
     // from its decisions).
+    if (e.kind === "runner:replan_done" && e.payload && e.payload.overlap_from) {
+      const p = e.payload;
+      if (!overlaps.some((o) => o.from === p.overlap_from)) {
+        overlaps.push({ from: p.overlap_from, to: p.overlap_to, scheme: p.scheme });
+        probe.overlaps = overlaps.map((o) => Object.assign({}, o));
+      }
+      scheduleRedraw();
+    }
     if (e.kind === "runner:workers_changed" || e.kind === "runner:frequency_changed" ||
-        e.kind === "runner:migration_done") {
+        e.kind === "runner:migration_done" || e.kind === "runner:replan_switched") {
       addMarker(Date.parse(e.at) / 1000);
       scheduleRedraw();
     }

@@ -1,0 +1,359 @@
+"""Live re-plan: change a running pipeline's key groups (its plan) without downtime.
+
+Gloss (Rajadurai, Wong, Bosboom, Amarasinghe, ASPLOS 2018), mapped onto Structured
+Streaming (Spark pins the number of state partitions per checkpoint, so a new key-group
+count needs a new query with a new checkpoint):
+
+* **Asynchronous state transfer (§6.2).** The old query keeps running; its state after
+  its last committed micro-batch N is read with Spark's state data source
+  (``format("statestore")``, ``batchId`` N) and written as a snapshot. No drain, no
+  extra bookkeeping: Spark's per-batch state checkpoint is the consistent cut.
+* **Concurrent start (§5, §6.1).** The new query (new checkpoint, the new
+  ``spark.sql.shuffle.partitions``) starts in the same application beside the old one.
+  Its first batch loads the snapshot (``query.keyed_aggregate``), then it reads the
+  deterministic source from the old query's end of N. Both read the same epochs: the
+  source's planned batch ends are shared (``source.py``, ``plan_dir``).
+* **Adaptive merging (§7.2).** The output arbiter (:class:`Arbiter`) forwards each
+  source range exactly once: the old query's batches until the new query offers the
+  batch that starts where the forwarded output ends, then the new one's. The old query
+  is stopped then. While the new one is behind, the old one is throttled the way Gloss
+  halves its cores (§7.2: its duty cycle halves every ``THROTTLE_STEP_S``), capped so
+  that it still commits a batch well within every second (its output must not stop).
+* **Stop-and-copy (§4.1)**, the baseline: stop the old query first, then the same
+  snapshot, start and hand-over; no output while that happens.
+* **Metrics (§9.1)**, :func:`gloss_metrics`: downtime = buckets with no output while
+  input arrives; throughput-disrupted time = buckets whose output is below the mean of
+  the previous 100 s. Gloss' buckets are 1 s; ours are at least 1 s and twice the run's
+  median commit interval (:func:`bucket_width`: a micro-batch run whose batches take
+  1.4 s leaves some 1-s buckets empty in steady state), and "below the mean" allows one
+  batch's worth (``DISRUPTED_SHARE``; the strict count is reported beside it).
+
+The run's output is numbered by **epoch** (one per forwarded batch, ``output/batch-
+<epoch>.parquet``); ``generations.json`` in the run directory says which batches of which
+generation's checkpoint each epoch is, for the verifier (``verify.py``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMES = ("seamless", "stop-restart")
+GENERATIONS_FILE = "generations.json"
+CATCH_UP_TIMEOUT_S = 300.0  # the new generation must have caught up by then
+THROTTLE_AFTER_S = 5.0  # overlap before the old generation is first throttled
+THROTTLE_STEP_S = 5.0  # its duty cycle halves again after each further step
+THROTTLE_PERIOD_CAP_S = 0.8  # batch + pause never longer: it keeps output every second
+RESERVE_WAIT_S = 10.0  # the longest the old generation waits at a reserved boundary
+SETTLE_S = 10.0  # measured after the switch, so that a late dip is counted
+BASELINE_S = 100.0  # Gloss §9.1: "full throughput" = mean of the previous 100 s
+
+
+class ReplanError(Exception):
+    """A re-plan that cannot be done (the message says why)."""
+
+
+def replan_refusal(spec: Any) -> str | None:
+    """Why this pipeline cannot be re-planned live yet, or None."""
+    if spec.graph is not None:
+        return ("re-plan covers keyed-aggregate pipelines so far; this dataflow pipeline's "
+                "operators have no state hand-over yet")
+    if spec.stateful.type != "keyed_aggregate":
+        return (f"re-plan covers keyed-aggregate pipelines so far; {spec.stateful.type} "
+                "has no state hand-over yet")
+    return None
+
+
+# ------------------------------------------------------------------ offsets
+def generator_offset(offsets_text: str) -> int | None:
+    """Our source's offset in one entry of a checkpoint's offset log (its source lines
+    follow a version and a metadata line; a seeded generation also has the snapshot's
+    file-source line, ``{"logOffset": …}``)."""
+    lines = [ln for ln in offsets_text.splitlines() if ln.strip()]
+    for line in lines[2:]:
+        try:
+            doc = json.loads(line)
+        except json.JSONDecodeError:  # "-" for a source without an offset yet
+            continue
+        if isinstance(doc, dict) and "offset" in doc:
+            return int(doc["offset"])
+    return None
+
+
+def last_committed(checkpoint: Path) -> int | None:
+    commits = [int(p.name) for p in (checkpoint / "commits").glob("*") if p.name.isdigit()]
+    return max(commits) if commits else None
+
+
+def batch_end(checkpoint: Path, batch: int) -> int:
+    end = generator_offset((checkpoint / "offsets" / str(batch)).read_text())
+    if end is None:
+        raise ReplanError(f"batch {batch} of {checkpoint} has no source offset")
+    return end
+
+
+# ---------------------------------------------------------------- generations
+@dataclass
+class Generation:
+    """One query of the run: gen 0 is the one the run started with."""
+
+    number: int
+    key_groups: int
+    checkpoint: Path
+    start: int = 0  # the source offset it read from
+    epoch_offset: int | None = None  # epoch = batch + epoch_offset once forwarded
+    first_batch: int | None = None  # its first forwarded batch
+    last_batch: int | None = None  # its last forwarded batch, once retired
+    query: Any = None
+    sink: Any = None
+    adopted: bool = False  # the runner's placement and metrics act on it
+    pause_s: float = 0.0  # the throttle: a pause after each of its batches
+    batch_s: float = 0.0  # its last batch's duration (for the throttle)
+    _ends: dict[int, int] = field(default_factory=dict)
+
+    def batch_range(self, batch: int) -> tuple[int, int]:
+        """The source records ``[start, end)`` batch ``batch`` read (its offset log is
+        written before the batch runs)."""
+        end = batch_end(self.checkpoint, batch)
+        if batch == 0:
+            start = self.start
+        elif batch - 1 in self._ends:
+            start = self._ends[batch - 1]
+        else:
+            start = batch_end(self.checkpoint, batch - 1)
+        self._ends[batch] = end
+        for old in [b for b in self._ends if b < batch - 4]:
+            del self._ends[old]
+        return start, end
+
+    def ledger(self, run_dir: Path) -> dict[str, Any]:
+        return {"generation": self.number, "key_groups": self.key_groups,
+                "checkpoint": os.path.relpath(self.checkpoint, run_dir),
+                "start": self.start, "epoch_offset": self.epoch_offset,
+                "first_batch": self.first_batch, "last_batch": self.last_batch}
+
+
+class Arbiter:
+    """Forwards each source range to the run's output exactly once (Gloss §7.2,
+    adaptive merging; the epoch-aligned sources make the ranges identical).
+
+    A batch is claimed as it starts (``query.LatencySink``). The active generation's
+    batches are forwarded; the candidate's are discarded until it is level: when the
+    candidate is working on the range that ends where the forwarded output ends, the
+    next range is **reserved** for it. The active generation's next claim then waits
+    (up to ``RESERVE_WAIT_S``) until the candidate claims that range and takes over,
+    so the switch costs about one batch of the new query, not a race the old one,
+    running warm and first, would usually win. If the candidate does not come, the wait
+    ends and the old generation forwards on: nothing is lost either way."""
+
+    def __init__(self, run_dir: Path, first: Generation) -> None:
+        self.run_dir = run_dir
+        self.cond = threading.Condition()
+        first.epoch_offset, first.first_batch = 0, 0
+        self.generations: dict[int, Generation] = {first.number: first}
+        self.active = first.number
+        self.candidate: int | None = None
+        self.candidate_end: int | None = None
+        self.reserved = False
+        self.forwarded_end: int | None = None
+        self.last_epoch = -1
+        self.switched = threading.Event()
+        self.switched_at: float | None = None
+        self.discarded = 0  # batches run but not forwarded (the overlap's duplicates)
+
+    def claim(self, gen: Generation, batch: int) -> int | None:
+        """The epoch to forward ``gen``'s batch as, or None to discard it."""
+        start, end = gen.batch_range(batch)
+        with self.cond:
+            if gen.number == self.active:
+                deadline = time.monotonic() + RESERVE_WAIT_S
+                while self.reserved and self.active == gen.number:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self.reserved = False  # the candidate did not come: go on
+                        break
+                    self.cond.wait(left)
+                if gen.number != self.active:  # the candidate took over meanwhile
+                    self.discarded += 1
+                    return None
+                epoch = batch + (gen.epoch_offset or 0)
+                self.forwarded_end = end
+                self.last_epoch = max(self.last_epoch, epoch)
+                if self.candidate is not None and self.candidate_end == end:
+                    self.reserved = True
+                return epoch
+            if gen.number == self.candidate:
+                if self.forwarded_end is not None and start == self.forwarded_end < end:
+                    return self._switch(gen, batch, end)
+                self.candidate_end = end
+                if end == self.forwarded_end:
+                    self.reserved = True
+            self.discarded += 1
+            return None
+
+    def _switch(self, gen: Generation, batch: int, end: int) -> int:
+        old = self.generations[self.active]
+        old.last_batch = self.last_epoch - (old.epoch_offset or 0)
+        gen.epoch_offset = self.last_epoch + 1 - batch
+        gen.first_batch = batch
+        self.active, self.candidate, self.reserved = gen.number, None, False
+        self.forwarded_end = end
+        self.last_epoch += 1
+        self.switched_at = time.time()
+        self.save()
+        self.switched.set()
+        self.cond.notify_all()
+        return self.last_epoch
+
+    def propose(self, gen: Generation) -> None:
+        """``gen`` takes over once it offers the batch the forwarded output ends at."""
+        with self.cond:
+            self.generations[gen.number] = gen
+            self.candidate, self.candidate_end, self.reserved = gen.number, None, False
+            self.switched.clear()
+            self.switched_at = None
+            self.discarded = 0
+
+    def withdraw(self, gen: Generation) -> None:
+        with self.cond:
+            if self.candidate == gen.number:
+                self.candidate, self.reserved = None, False
+                self.cond.notify_all()
+            self.generations.pop(gen.number, None)
+
+    def save(self) -> None:
+        """``generations.json``: which batches of which checkpoint each epoch is."""
+        doc = {"generations": [g.ledger(self.run_dir) for g in
+                               sorted(self.generations.values(), key=lambda g: g.number)
+                               if g.first_batch is not None]}
+        tmp = self.run_dir / (GENERATIONS_FILE + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1))
+        os.replace(tmp, self.run_dir / GENERATIONS_FILE)
+
+
+# ------------------------------------------------------------------ snapshot
+# The state buffers the optimiser keeps per aggregate: the ones its output does not use
+# are pruned from the plan, so the state holds only these (in this order).
+STATE_BUFFERS = {"count": ("w",), "sum": ("w", "s"), "mean": ("w", "s"), "max": ("w", "m")}
+
+
+def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
+                   out: Path) -> int:
+    """The keyed aggregate's state after ``batch`` as Parquet rows (key, w, s, m):
+    Spark's state data source reads the checkpoint's state store at that batch; the
+    value buffer is (records, sum, max) (``query.keyed_aggregate``) less what the
+    aggregate ``agg`` does not use (then 0, never read)."""
+    from pyspark.sql import functions as F
+
+    shutil.rmtree(out, ignore_errors=True)
+    state = (spark.read.format("statestore").option("batchId", batch)
+             .option("operatorId", 0).load(str(checkpoint)))
+    fields = state.schema["value"].dataType.fields
+    names = ("w", "s", "m") if len(fields) == 3 else STATE_BUFFERS[agg]
+    if len(names) != len(fields):
+        raise ReplanError(f"the state of {checkpoint} has {len(fields)} value columns; a "
+                          f"{agg} aggregate keeps {len(names)}")
+    # The buffers are all named after their function ("sum", "sum", "max"), which
+    # Spark cannot tell apart by name: rename them by position with a struct cast.
+    renamed = ",".join(f"{n}:{f.dataType.simpleString()}" for n, f in zip(names, fields))
+    rows = state.select(F.col("key")[key].alias(key),
+                        F.col("value").cast(f"struct<{renamed}>").alias("v"))
+    rows = rows.select(F.col(key).cast("long"), F.col("v.w").cast("long").alias("w"),
+                       *[F.col(f"v.{c}").cast("double").alias(c) if c in names
+                         else F.lit(0.0).alias(c) for c in ("s", "m")])
+    rows.write.parquet(str(out))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = [p for p in out.iterdir() if p.suffix == ".parquet"]
+    if not files:  # an empty state: one empty file still makes the seeding batch happen
+        pq.write_table(pa.table({key: pa.array([], pa.int64()), "w": pa.array([], pa.int64()),
+                                 "s": pa.array([], pa.float64()),
+                                 "m": pa.array([], pa.float64())}), out / "empty.parquet")
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+
+
+# ------------------------------------------------------------------- metrics
+@dataclass
+class GlossMetrics:
+    """One re-plan measured as Gloss §9.1 does, in buckets of output records."""
+
+    downtime_s: float  # buckets with no output while input arrived, in seconds
+    disrupted_s: float  # buckets below DISRUPTED_SHARE of the baseline rate, in seconds
+    disrupted_strict_s: float  # buckets below the baseline rate itself (Gloss' wording)
+    bucket_s: float  # the bucket width (1 s, or more for a slower micro-batch cadence)
+    baseline_rate: float  # the mean output rate of the previous 100 s (records/s)
+    buckets: int  # buckets measured: request .. switch + SETTLE_S
+    worst_p95_ms: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# A bucket counts as disrupted below this share of the baseline: one micro-batch more or
+# less in a bucket moves it by a batch's worth, which is not a disruption.
+DISRUPTED_SHARE = 0.75
+
+
+def bucket_width(commit_times: Sequence[float]) -> float:
+    """Gloss buckets by 1 s because its output leaves at barriers many times a second.
+    A micro-batch run commits every batch interval; a 1-s bucket then is empty now and
+    then in steady state. The bucket is twice the median interval between commits
+    (at least 1 s, rounded up to half seconds), so only a real gap leaves one empty."""
+    gaps = sorted(b - a for a, b in zip(commit_times, commit_times[1:]))
+    if not gaps:
+        return 1.0
+    median = gaps[len(gaps) // 2]
+    return max(1.0, math.ceil(2 * median * 2) / 2)
+
+
+def gloss_metrics(batches: Sequence[tuple[float, int, float | None]], t_request: float,
+                  t_end: float, input_by: Callable[[float], int]) -> GlossMetrics:
+    """``batches``: the run's forwarded batches as (commit time, records, p95 ms);
+    ``input_by(t)``: records the source had scheduled by time t. Buckets run from
+    ``t_request`` to ``t_end``; a bucket is down when no batch committed in it while
+    input arrived in it, disrupted when its output rate is below ``DISRUPTED_SHARE`` of
+    the mean rate of the ``BASELINE_S`` before the request (of the history there is)."""
+    before = [(t, r) for t, r, _ in batches if t_request - BASELINE_S <= t < t_request]
+    width = bucket_width([t for t, _ in before])
+    n = max(1, math.ceil((t_end - t_request) / width))
+    counts = [0] * n
+    worst: float | None = None
+    for t, records, p95 in batches:
+        i = math.floor((t - t_request) / width)
+        if 0 <= i < n:
+            counts[i] += records
+            if p95 is not None:
+                worst = p95 if worst is None else max(worst, p95)
+    if len(before) >= 2:
+        span = before[-1][0] - before[0][0]
+        baseline = sum(r for _, r in before[1:]) / span if span > 0 else 0.0
+    else:
+        baseline = 0.0
+    down = sum(1 for i, c in enumerate(counts) if c == 0
+               and input_by(t_request + (i + 1) * width) > input_by(t_request + i * width))
+    rates = [c / width for c in counts]
+    return GlossMetrics(
+        downtime_s=down * width,
+        disrupted_s=sum(1 for r in rates if r < DISRUPTED_SHARE * baseline) * width,
+        disrupted_strict_s=sum(1 for r in rates if r < baseline) * width,
+        bucket_s=width, baseline_rate=round(baseline, 1), buckets=n,
+        worst_p95_ms=round(worst, 1) if worst is not None else None)
+
+
+def throttle_pause(overlap_s: float, batch_s: float) -> float:
+    """The old generation's pause after each batch while the new one catches up: its
+    duty cycle halves every ``THROTTLE_STEP_S`` after ``THROTTLE_AFTER_S`` (Gloss
+    §7.2 halves its cores), never stretching its period past ``THROTTLE_PERIOD_CAP_S``."""
+    if overlap_s < THROTTLE_AFTER_S or batch_s <= 0:
+        return 0.0
+    halvings = 1 + int((overlap_s - THROTTLE_AFTER_S) // THROTTLE_STEP_S)
+    pause = batch_s * (2 ** min(halvings, 10) - 1)
+    return max(0.0, min(pause, THROTTLE_PERIOD_CAP_S - batch_s))

@@ -1,0 +1,170 @@
+"""The live re-plan's parts that need no Spark: the output arbiter forwards every range
+once whoever runs it, the sources of two generations agree on batch ends, Gloss' §9.1
+metrics, and the throttle."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipelines.runtime import definition, replan
+from pipelines.runtime.source import GeneratorStreamReader, source_options
+
+pytestmark = [pytest.mark.dbless]
+
+
+class _Gen(replan.Generation):
+    """A generation whose batches read the given ranges (no checkpoint)."""
+
+    def __init__(self, number: int, ranges: dict[int, tuple[int, int]]) -> None:
+        super().__init__(number, 4, Path("/nonexistent"))
+        self.ranges = ranges
+
+    def batch_range(self, batch: int) -> tuple[int, int]:
+        return self.ranges[batch]
+
+
+def _forwarded(log: list[tuple[int, int, int | None]]) -> list[tuple[int, int]]:
+    return [(gen, epoch) for gen, epoch, _ in log if epoch is not None]
+
+
+def test_the_arbiter_forwards_every_range_once_and_switches_at_a_shared_boundary(
+        tmp_path: Path) -> None:
+    bounds = [0, 10, 25, 40, 55, 70, 90]
+    old = _Gen(0, {b: (bounds[b], bounds[b + 1]) for b in range(6)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert [arbiter.claim(old, b) for b in range(3)] == [0, 1, 2]  # up to 40
+    # The new generation starts at 25 (the snapshot after batch 1): its batch 0 loads
+    # the state (an empty range), batch 1 covers [25, 40) in one go (it catches up).
+    new = _Gen(1, {0: (25, 25), 1: (25, 40), 2: (40, 55), 3: (55, 70)})
+    arbiter.propose(new)
+    assert arbiter.claim(new, 0) is None
+    # Level with the old one ([25, 40) ends where the forwarded output ends): the next
+    # range is reserved; the old one's claim of it waits for the new one's.
+    assert arbiter.claim(new, 1) is None and arbiter.reserved
+    got: list[int | None] = []
+    waiting = threading.Thread(target=lambda: got.append(arbiter.claim(old, 3)))
+    waiting.start()
+    time.sleep(0.2)
+    assert waiting.is_alive()  # held at the reserved boundary
+    assert arbiter.claim(new, 2) == 3  # [40, 55) forwarded by the new generation
+    waiting.join(5)
+    assert got == [None] and arbiter.switched.is_set()
+    assert arbiter.claim(old, 4) is None  # the old one's later batches are discarded
+    assert arbiter.claim(new, 3) == 4
+    doc = json.loads((tmp_path / replan.GENERATIONS_FILE).read_text())
+    assert [(g["generation"], g["first_batch"], g["last_batch"], g["epoch_offset"])
+            for g in doc["generations"]] == [(0, 0, 2, 0), (1, 2, None, 1)]
+
+
+def test_a_reservation_the_new_generation_does_not_take_lapses_without_a_gap(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replan, "RESERVE_WAIT_S", 0.3)
+    old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert arbiter.claim(old, 0) == 0
+    new = _Gen(1, {0: (0, 0), 1: (0, 10)})
+    arbiter.propose(new)
+    arbiter.claim(new, 0)
+    arbiter.claim(new, 1)  # level: [10, ...) reserved, but the new one never claims it
+    started = time.monotonic()
+    assert arbiter.claim(old, 1) == 1  # after the wait the old one forwards on
+    assert time.monotonic() - started >= 0.25
+    assert arbiter.claim(old, 2) == 2 and not arbiter.switched.is_set()
+
+
+def test_stop_and_restart_switches_at_the_old_generations_last_forwarded_end(
+        tmp_path: Path) -> None:
+    old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert [arbiter.claim(old, b) for b in range(3)] == [0, 1, 2]
+    # Batch 2 was forwarded but never committed: the snapshot is after batch 1, so
+    # the new generation reads [10, 20) again (discarded) and forwards from 30.
+    new = _Gen(1, {0: (10, 10), 1: (10, 20), 2: (20, 30), 3: (30, 45)})
+    arbiter.propose(new)
+    assert [arbiter.claim(new, b) for b in range(3)] == [None, None, None]
+    assert arbiter.claim(new, 3) == 3
+
+
+def _reader(plan_dir: Path, start: int = 0, max_rows: int = 1000) -> GeneratorStreamReader:
+    doc = json.loads(json.dumps(definition.DEMO_DEFINITION))
+    doc["max_records_per_batch"] = max_rows
+    spec = definition.validate(doc)
+    return GeneratorStreamReader(source_options(spec, time.time() - 3600, plan_dir, start))
+
+
+def test_a_generation_behind_covers_planned_batches_and_ends_on_their_boundaries(
+        tmp_path: Path) -> None:
+    old, new = _reader(tmp_path), _reader(tmp_path, start=100)
+    assert old._agree(0, 100) == 100
+    assert old._agree(100, 130) == 130
+    assert old._agree(130, 170) == 170
+    assert old._agree(170, 300) == 300
+    # The new generation (from 100) takes as many planned batches as its own limit
+    # allows, and always ends where one of them ends.
+    assert new._agree(100, 200) == 170
+    assert new._agree(170, 1000) == 300
+    # At the frontier it plans, and the old one follows.
+    assert new._agree(300, 340) == 340
+    assert old._agree(300, 400) == 340
+
+
+def test_the_source_holds_until_the_snapshot_is_loaded(tmp_path: Path) -> None:
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    doc = json.loads(json.dumps(definition.DEMO_DEFINITION))
+    spec = definition.validate(doc)
+    hold = tmp_path / "hold"
+    reader = GeneratorStreamReader(source_options(spec, time.time() - 60, tmp_path / "plan",
+                                                  start=50, hold=hold))
+    assert reader.initialOffset() == {"offset": 50}
+    assert reader.latestOffset({"offset": 50}, ReadMaxRows(10_000)) == {"offset": 50}
+    hold.touch()
+    assert reader.latestOffset({"offset": 50}, ReadMaxRows(10_000))["offset"] > 50
+
+
+def test_offset_lines_name_the_generator_whatever_their_order() -> None:
+    text = 'v1\n{"batchWatermarkMs":0}\n{"logOffset":0}\n{"offset": 123}\n'
+    assert replan.generator_offset(text) == 123
+    assert replan.generator_offset('v1\n{}\n{"offset": 7}\n') == 7
+    assert replan.generator_offset('v1\n{}\n-\n') is None
+
+
+def test_gloss_metrics_count_silent_and_slow_buckets() -> None:
+    # 100 s at 100 records/s (one batch every 0.4 s: 1-s buckets), then a 3-s gap, then
+    # a slow second.
+    batches = [(1000.0 + 0.4 * i, 40, 200.0) for i in range(250)]
+    t_request = 1100.0
+    batches += [(1100.2, 50, 300.0), (1104.3, 300, 4000.0), (1105.2, 20, 900.0),
+                (1106.1, 60, 250.0), (1106.6, 60, 250.0)]
+    m = replan.gloss_metrics(batches, t_request, 1107.0, lambda t: int(100 * t))
+    assert m.bucket_s == 1.0 and m.buckets == 7
+    assert m.baseline_rate == pytest.approx(100.0, rel=0.02)
+    assert m.downtime_s == 3  # seconds 1-3 had no output while input arrived
+    assert m.disrupted_s == 5  # 0 (50), 1-3 (0), 5 (20); 4 (300) and 6 (120) are not
+    assert m.worst_p95_ms == 4000.0
+    # No input in a silent second is not downtime.
+    assert replan.gloss_metrics(batches, t_request, 1107.0, lambda t: 0).downtime_s == 0
+
+
+def test_buckets_widen_with_a_slow_cadence_so_steady_output_is_never_down() -> None:
+    # Batches every 1.4 s: 1-s buckets would be empty in steady state.
+    batches = [(1000.0 + 1.4 * i, 140, 900.0) for i in range(100)]
+    t_request = 1100.0
+    m = replan.gloss_metrics(batches, t_request, 1130.0, lambda t: int(100 * t))
+    assert m.bucket_s == 3.0
+    assert m.downtime_s == 0 and m.disrupted_s == 0
+    assert replan.bucket_width([]) == 1.0
+
+
+def test_the_throttle_halves_the_old_generations_share_and_keeps_it_emitting() -> None:
+    assert replan.throttle_pause(1.0, 0.2) == 0.0  # not before THROTTLE_AFTER_S
+    first = replan.throttle_pause(replan.THROTTLE_AFTER_S, 0.1)
+    second = replan.throttle_pause(replan.THROTTLE_AFTER_S + replan.THROTTLE_STEP_S, 0.1)
+    assert first == pytest.approx(0.1) and second == pytest.approx(0.3)
+    # Never a period past the cap: a batch of 0.7 s gets at most 0.1 s of pause.
+    assert replan.throttle_pause(60.0, 0.7) == pytest.approx(replan.THROTTLE_PERIOD_CAP_S - 0.7)
+    assert replan.throttle_pause(60.0, 0.9) == 0.0
