@@ -60,6 +60,20 @@ def test_the_arbiter_forwards_every_range_once_and_switches_at_a_shared_boundary
             for g in doc["generations"]] == [(0, 0, 2, 0), (1, 2, None, 1)]
 
 
+def test_a_generation_is_stopped_only_once_its_forwarded_batches_are_written(
+        tmp_path: Path) -> None:
+    old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert arbiter.claim(old, 0) == 0
+    arbiter.written(old, 0)
+    assert arbiter.claim(old, 1) == 1  # claimed as it starts; still being written
+    assert not arbiter.wait_written(old, 0.1)
+    threading.Timer(0.2, arbiter.written, args=(old, 1)).start()
+    assert arbiter.wait_written(old, 5)
+    arbiter.retire(old)  # stop-and-restart: nothing more of it is forwarded
+    assert arbiter.claim(old, 2) is None
+
+
 def test_a_reservation_the_new_generation_does_not_take_lapses_without_a_gap(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replan, "RESERVE_WAIT_S", 0.3)

@@ -167,11 +167,19 @@ class Arbiter:
         self.switched = threading.Event()
         self.switched_at: float | None = None
         self.discarded = 0  # batches run but not forwarded (the overlap's duplicates)
+        # Forwarded batches still being written, per generation: a generation is
+        # stopped only once its forwarded output is all written (wait_written).
+        self.writing: dict[int, set[int]] = {}
+        self.retired: set[int] = set()
+        self.last_forwarded: dict[int, int] = {}  # generation -> its last forwarded batch
 
     def claim(self, gen: Generation, batch: int) -> int | None:
         """The epoch to forward ``gen``'s batch as, or None to discard it."""
         start, end = gen.batch_range(batch)
         with self.cond:
+            if gen.number in self.retired:
+                self.discarded += 1
+                return None
             if gen.number == self.active:
                 deadline = time.monotonic() + RESERVE_WAIT_S
                 while self.reserved and self.active == gen.number:
@@ -186,6 +194,8 @@ class Arbiter:
                 epoch = batch + (gen.epoch_offset or 0)
                 self.forwarded_end = end
                 self.last_epoch = max(self.last_epoch, epoch)
+                self.writing.setdefault(gen.number, set()).add(batch)
+                self.last_forwarded[gen.number] = batch
                 if self.candidate is not None and self.candidate_end == end:
                     self.reserved = True
                 return epoch
@@ -207,10 +217,34 @@ class Arbiter:
         self.forwarded_end = end
         self.last_epoch += 1
         self.switched_at = time.time()
+        self.writing.setdefault(gen.number, set()).add(batch)
+        self.last_forwarded[gen.number] = batch
         self.save()
         self.switched.set()
         self.cond.notify_all()
         return self.last_epoch
+
+    def written(self, gen: Generation, batch: int) -> None:
+        """``gen``'s forwarded batch ``batch`` is written (its sink returned)."""
+        with self.cond:
+            self.writing.get(gen.number, set()).discard(batch)
+            self.cond.notify_all()
+
+    def retire(self, gen: Generation) -> None:
+        """Forward nothing more of ``gen`` (stop-and-restart: before it is stopped)."""
+        with self.cond:
+            self.retired.add(gen.number)
+
+    def wait_written(self, gen: Generation, timeout_s: float) -> bool:
+        """Wait until every forwarded batch of ``gen`` is written (True), or time out."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while self.writing.get(gen.number):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
 
     def propose(self, gen: Generation) -> None:
         """``gen`` takes over once it offers the batch the forwarded output ends at."""
@@ -315,13 +349,16 @@ def bucket_width(commit_times: Sequence[float]) -> float:
 
 
 def gloss_metrics(batches: Sequence[tuple[float, int, float | None]], t_request: float,
-                  t_end: float, input_by: Callable[[float], int]) -> GlossMetrics:
+                  t_end: float, input_by: Callable[[float], int],
+                  baseline_from: float | None = None) -> GlossMetrics:
     """``batches``: the run's forwarded batches as (commit time, records, p95 ms);
     ``input_by(t)``: records the source had scheduled by time t. Buckets run from
     ``t_request`` to ``t_end``; a bucket is down when no batch committed in it while
     input arrived in it, disrupted when its output rate is below ``DISRUPTED_SHARE`` of
-    the mean rate of the ``BASELINE_S`` before the request (of the history there is)."""
-    before = [(t, r) for t, r, _ in batches if t_request - BASELINE_S <= t < t_request]
+    the mean rate of the ``BASELINE_S`` before the request (of the history there is, and
+    not before ``baseline_from``: the end of the previous re-plan's measurement)."""
+    since = max(t_request - BASELINE_S, baseline_from or 0.0)
+    before = [(t, r) for t, r, _ in batches if since <= t < t_request]
     width = bucket_width([t for t, _ in before])
     n = max(1, math.ceil((t_end - t_request) / width))
     counts = [0] * n

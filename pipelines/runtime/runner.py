@@ -116,6 +116,7 @@ class Runner:
                                             self.run_dir / "checkpoint")
         self.arbiter = replan.Arbiter(self.run_dir, self.generation)
         self.replanning = False
+        self.last_replan_end: float | None = None
         routing = elastic.RoutingTable(self.spec.key_groups)
         self.metrics = BatchMetrics(self.spec, bus, self.run_dir / "checkpoint", routing, self)
         f_max_ghz, freq_source = power.read_frequency_ghz()
@@ -286,6 +287,7 @@ class Runner:
 
         def on_commit(commit: Any) -> None:
             gen.batch_s = commit.committed_at - commit.started_at
+            self.arbiter.written(gen, commit.batch_id)
             self.metrics.on_commit(commit)
 
         gen.sink = LatencySink(on_commit,
@@ -351,7 +353,9 @@ class Runner:
         schedule = self.spec.schedule()
         measured = replan.gloss_metrics(list(self.metrics.history), t_request,
                                         t_switch + replan.SETTLE_S,
-                                        lambda t: schedule.records_by(t - self.t0))
+                                        lambda t: schedule.records_by(t - self.t0),
+                                        baseline_from=self.last_replan_end)
+        self.last_replan_end = t_switch + replan.SETTLE_S
         summary = {"scheme": scheme, "generation": number, "from_groups": old.key_groups,
                    "to_groups": groups, "requested_at": t_request, **facts,
                    **measured.as_dict()}
@@ -367,7 +371,10 @@ class Runner:
 
         started = time.time()
         if scheme == "stop-restart":
-            old.query.stop()  # Gloss §4.1: no output from here until the new query's
+            # Gloss §4.1: no output from here until the new query's. Its batch in
+            # flight, if forwarded, is written first (else its range would be lost).
+            self.arbiter.retire(old)
+            self._stop_written(old)
         import shutil
 
         shutil.rmtree(gdir, ignore_errors=True)
@@ -402,7 +409,11 @@ class Runner:
                                key_groups=new.key_groups, epoch=self.arbiter.last_epoch,
                                after_batch=new.first_batch)
         if scheme == "seamless":
-            old.query.stop()
+            try:
+                self._stop_written(old)
+            except replan.ReplanError as exc:  # the new query forwards already: go on
+                print(f"re-plan: {exc}", file=sys.stderr, flush=True)
+                old.query.stop()
         self._adopt(new, spec)
         return {"snapshot_batch": batch, "snapshot_rows": rows,
                 "snapshot_s": round(snapshot_s, 2), "start_offset": start,
@@ -427,6 +438,20 @@ class Runner:
                                                        new.sink, new)
         old.adopted = False
         new.adopted = True
+
+    def _stop_written(self, gen: replan.Generation) -> None:
+        """Stop ``gen``'s query once the output it was forwarding is written."""
+        if not self.arbiter.wait_written(gen, replan.CATCH_UP_TIMEOUT_S):
+            raise replan.ReplanError(f"generation {gen.number}'s forwarded batch was not "
+                                     f"written within {replan.CATCH_UP_TIMEOUT_S:.0f} s")
+        # ... and reported: a stopped query's last progress event never comes, and the
+        # run's metrics (and the re-plan's own measurement) would miss that batch.
+        last = self.arbiter.last_forwarded.get(gen.number)
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while (last is not None and self.metrics.reported.get(gen.number, -1) < last
+               and time.monotonic() < deadline):
+            time.sleep(0.05)
+        gen.query.stop()
 
     def _abandon(self, new: replan.Generation) -> None:
         self.arbiter.withdraw(new)
@@ -559,6 +584,9 @@ def main(argv: list[str] | None = None) -> int:
     return run_main(argv[0])
 
 
+# How long a generation about to be stopped may take to report its last forwarded batch
+# (Spark's progress event comes ~0.1 s after the sink returns).
+REPORT_WAIT_S = 5.0
 # After SIGTERM a runner is gone within this long (Runner.terminate).
 SIGTERM_EXIT_S = 8.0
 
