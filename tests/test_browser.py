@@ -181,3 +181,68 @@ def test_a_viewer_sees_no_control_and_an_operator_sees_them_all(live_stack, brow
         assert bool(audit_links) == (role == "operator")
         browser.get(base + "/pipelines/new/")
         assert (browser.find_elements(By.ID, "save-pipeline") != []) == (role == "operator")
+
+
+def _replan_from_page(browser, groups: int, scheme: str, overlaps: int) -> None:
+    field = browser.find_element(By.ID, "id_key_groups")
+    field.clear()
+    field.send_keys(str(groups))
+    Select(browser.find_element(By.ID, "id_scheme")).select_by_value(scheme)
+    browser.find_element(By.ID, "replan").click()
+    # The form POSTs and redirects back here; the run's key groups change when the new
+    # query forwards, and the span is shaded once the re-plan has been measured.
+    WebDriverWait(browser, 600, poll_frequency=1,
+                  ignored_exceptions=(StaleElementReferenceException,
+                                      NoSuchElementException)).until(
+        lambda d: d.find_element(By.ID, "run-key-groups").text == str(groups)
+        and len(d.execute_script("return window.__streamwise.overlaps") or []) >= overlaps)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
+        live_stack, operator, browser) -> None:
+    """Issue 15's browser acceptance: re-plan a running run 8 -> 16 (seamless) -> 4
+    (stop and restart) from its page, see both spans shaded on the charts, and the
+    exactly-once check of the whole run say OK."""
+    from control.models import Policy
+    from pipelines import actions
+    from pipelines.models import Pipeline, Run
+    from tests.conftest import wait_for
+
+    doc = dict(SMALL_DEFINITION, key_groups=8, sink={"type": "latency", "keep_output": True})
+    pipeline = actions.save_pipeline(Pipeline(name="replan-pipeline", definition=doc), operator)
+    policy = Policy.objects.create(name="replan-policy", latency_bound_ms=10000,
+                                   power_budget_w=40, min_workers=1, initial_workers=2,
+                                   max_workers=2)
+    run = actions.create_run(pipeline, policy, operator)
+    base = live_stack.base_url
+    log_in(browser, base, "operator", "op-pass-123")
+    browser.get(f"{base}/runs/{run.pk}/")
+    try:
+        WebDriverWait(browser, 240, poll_frequency=1).until(
+            lambda d: d.execute_script("return window.__streamwise.points") >= 5)
+        assert browser.find_element(By.ID, "run-key-groups").text == "8"
+        _replan_from_page(browser, 16, "seamless", 1)
+        _replan_from_page(browser, 4, "stop-restart", 2)
+        overlaps = browser.execute_script("return window.__streamwise.overlaps")
+        assert [o["scheme"] for o in overlaps] == ["seamless", "stop-restart"]
+        assert all(o["to"] > o["from"] for o in overlaps)
+        browser.save_screenshot(str(Path(live_stack.logs) / "browser-replan.png"))
+        done = [e.payload for e in Run.objects.get(pk=run.pk).events.filter(
+            kind="runner:replan_done").order_by("at")]
+        assert [(d["from_groups"], d["to_groups"]) for d in done] == [(8, 16), (16, 4)]
+        requested = Run.objects.get(pk=run.pk).events.filter(kind="reconfigure_requested")
+        assert requested.count() == 2 and all(e.actor == "user:operator" for e in requested)
+        browser.find_element(By.ID, "stop-run").click()
+        wait_for(lambda: Run.objects.get(pk=run.pk).is_terminal, 120, "the run to stop")
+        browser.get(f"{base}/runs/{run.pk}/")
+        browser.find_element(By.ID, "verify-run").click()
+        WebDriverWait(browser, 300, poll_frequency=1,
+                      ignored_exceptions=(StaleElementReferenceException,
+                                          NoSuchElementException)).until(
+            lambda d: d.find_element(By.ID, "run-verification").text.startswith(("OK",
+                                                                                "FAILED")))
+        badge = browser.find_element(By.ID, "run-verification").text
+        assert badge.startswith("OK"), Run.objects.get(pk=run.pk).verification
+    finally:
+        stop_and_wait(run.pk, operator)

@@ -2,6 +2,7 @@
 
     python -m pipelines.runtime.bench migration [--keys 250000,1000000,4000000] ...
     python -m pipelines.runtime.bench scale [--keys 1000000] ...
+    python -m pipelines.runtime.bench replan [--keys 1000000] [--reconfigs 10] ...
 
 ``migration`` (the protocol of Megaphone, Hoffmann et al., VLDB 2019, §5.3, on Spark):
 per state size, a keyed count over uniform keys on 2 executors and G key groups is
@@ -38,7 +39,7 @@ from typing import Any
 from control.strategies.mpc import Config
 from pipelines.runtime import bus as busmod
 from pipelines.runtime import calibration, cluster, definition, elastic, power, verify
-from pipelines.runtime.harness import HarnessError, RunnerProcess
+from pipelines.runtime.harness import HarnessError, RunnerProcess, keyed_count, wait_steady
 from pipelines.runtime.reconfigure import MIGRATION_TIMEOUT_S
 
 SCHEDULES = elastic.STRATEGIES
@@ -46,19 +47,6 @@ SCHEDULES = elastic.STRATEGIES
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def keyed_count(keys: int, rate: float, groups: int, burst_records: int,
-                state_store: str = "rocksdb", burst_rate: float = 150_000.0) -> dict[str, Any]:
-    """Uniform keys; a burst first so the state holds ~(1-1/e)·keys of them."""
-    burst_s = max(1, int(burst_records / burst_rate))
-    return {"source": {"type": "generator", "seed": 21, "partitions": 2,
-                       "rate": {"kind": "step", "steps": [[0, burst_rate], [burst_s, rate]]},
-                       "keys": {"kind": "uniform", "n": keys}},
-            "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
-                           "field": "value"}],
-            "sink": {"type": "latency", "keep_output": True},
-            "key_groups": groups, "max_records_per_batch": 400_000, "state_store": state_store}
 
 
 def _q(values: list[float], q: float) -> float | None:
@@ -80,13 +68,6 @@ def window_stats(batches: list[dict[str, Any]]) -> dict[str, Any]:
             "latency_max_ms": max(mx, default=None),
             "failed_tasks": sum(b.get("failed_tasks") or 0 for b in batches),
             "group_moves": sum(b.get("group_moves") or 0 for b in batches)}
-
-
-def wait_steady(run: RunnerProcess, rate: float, batches: int, timeout_s: float = 600) -> None:
-    """Wait out the burst: until a batch reads no more than ~3 s of input at ``rate``."""
-    run.wait_until(lambda: run.metrics and run.metrics[-1]["input_rows"] <= rate * 3,
-                   timeout_s, "the burst backlog to clear")
-    run.wait_batches(batches)
 
 
 def half_swap(placement: list[str]) -> dict[str, str]:
@@ -276,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends the benchmark like Ctrl-C: its runners and cluster are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(prog="python -m pipelines.runtime.bench")
-    ap.add_argument("command", choices=["migration", "scale", "closed-loop"])
+    ap.add_argument("command", choices=["migration", "scale", "closed-loop", "replan"])
     ap.add_argument("--keys", default=None, help="comma-separated key counts (state sizes)")
     ap.add_argument("--rate", type=float, default=2000.0, help="steady records/s")
     ap.add_argument("--groups", type=int, default=16, help="key groups G")
@@ -297,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="closed-loop: low, high, low, random-walk seconds")
     ap.add_argument("--loop-keys", type=int, default=1_000_000,
                     help="closed-loop: uniform keys (0: the 2,836-symbol HFT distribution)")
+    ap.add_argument("--reconfigs", type=int, default=10,
+                    help="replan: reconfigurations per scheme (the same targets for both)")
     ap.add_argument("--capacity", type=float, default=None,
                     help="closed-loop: one worker's records/s (default: calibrate)")
     args = ap.parse_args(argv)
@@ -309,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         loop = [s for s in args.strategies.split(",") if s]
         if any(s not in LOOP_STRATEGIES for s in loop):
             raise ValueError(f"strategies must be among {', '.join(LOOP_STRATEGIES)}")
+        if args.reconfigs < 1:
+            raise ValueError("--reconfigs must be >= 1")
         if len([int(x) for x in args.loop_seconds.split(",")]) != 4:
             raise ValueError("--loop-seconds needs four whole numbers")
         if not 2 <= args.groups <= 256 or args.rate <= 0 or min(keys) < 1 or args.steady < 2:
@@ -332,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
                                 args.executor_memory) for k in keys]}
         elif args.command == "closed-loop":
             result = bench_closed_loop(info.master_url, work, args)
+        elif args.command == "replan":
+            from pipelines.runtime.replan_bench import bench_replan
+
+            result = bench_replan(info.master_url, work, args.redis_url, keys[0], args.rate,
+                                  args.reconfigs, args.steady, args.executor_memory)
         else:
             result = {"benchmark": "scale", "sizes": [
                 bench_scale(info.master_url, work, args.redis_url, k, args.rate, args.groups,

@@ -150,3 +150,24 @@ class RunnerProcess:
             return None
 
         return self.wait_until(acked, timeout_s, f"the acknowledgement of {name}")
+
+
+# ------------------------------------------------------ benchmark workloads
+def keyed_count(keys: int, rate: float, groups: int, burst_records: int,
+                state_store: str = "rocksdb", burst_rate: float = 150_000.0) -> dict[str, Any]:
+    """Uniform keys; a burst first so the state holds ~(1-1/e)·keys of them."""
+    burst_s = max(1, int(burst_records / burst_rate))
+    return {"source": {"type": "generator", "seed": 21, "partitions": 2,
+                       "rate": {"kind": "step", "steps": [[0, burst_rate], [burst_s, rate]]},
+                       "keys": {"kind": "uniform", "n": keys}},
+            "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
+                           "field": "value"}],
+            "sink": {"type": "latency", "keep_output": True},
+            "key_groups": groups, "max_records_per_batch": 400_000, "state_store": state_store}
+
+
+def wait_steady(run: RunnerProcess, rate: float, batches: int, timeout_s: float = 600) -> None:
+    """Wait out the burst: until a batch reads no more than ~3 s of input at ``rate``."""
+    run.wait_until(lambda: run.metrics and run.metrics[-1]["input_rows"] <= rate * 3,
+                   timeout_s, "the burst backlog to clear")
+    run.wait_batches(batches)
