@@ -136,13 +136,26 @@ class LiveDecision:
         return json_safe(asdict(self))
 
 
+def replan_target(workers: int, key_groups: int, limit: int = 1024) -> int:
+    """The key groups a re-plan gives a run that wants ``workers`` but has fewer groups
+    (a worker without a group idles): twice as many as now, at least the workers."""
+    return min(limit, max(workers, 2 * key_groups))
+
+
 def reconfiguration_commands(current: dict[str, Any], chosen: dict[str, Any], action: str,
-                             rebalance: dict[str, Any] | None) -> list[tuple[str, dict[str, Any]]]:
-    """The runner commands that carry out a decision, in the order they must run: workers
-    first (the runner re-plans the placement for them), then the frequency, or a
-    rebalance's moves. ``current`` is the decision's own (a read-only frequency already
-    snapped to a settable one), so a rounding difference never becomes a command."""
+                             rebalance: dict[str, Any] | None,
+                             key_groups: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """The runner commands that carry out a decision, in the order they must run: a live
+    re-plan first when the decision wants more workers than the run has key groups
+    (``key_groups``; runtime/replan.py), then workers (the runner re-plans the placement
+    for them), then the frequency, or a rebalance's moves. ``current`` is the decision's
+    own (a read-only frequency already snapped to a settable one), so a rounding
+    difference never becomes a command."""
     commands: list[tuple[str, dict[str, Any]]] = []
+    if key_groups is not None and chosen["workers"] > key_groups:
+        commands.append(("replan", {"key_groups": replan_target(chosen["workers"],
+                                                                key_groups),
+                                    "scheme": "seamless"}))
     if chosen["workers"] != current["workers"]:
         commands.append(("set_workers", {"workers": chosen["workers"]}))
     if not math.isclose(chosen["freq_ghz"], current["freq_ghz"], abs_tol=1e-6):

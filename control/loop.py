@@ -55,12 +55,27 @@ def _policy_version(run: Run) -> str:
     return f"{run.policy.updated_at.timestamp():.6f}"
 
 
+def replannable(run: Run) -> bool:
+    """Whether the run's key groups can change live (runtime/replan.py): then the
+    controller may want more workers than it has groups, and re-plans first."""
+    from pipelines.runtime import definition, replan
+
+    try:
+        spec = definition.validate(run.pipeline_version.definition)
+    except definition.DefinitionError:
+        return False
+    return replan.replan_refusal(spec) is None
+
+
 def loop_policy(policy: Policy, run: Run) -> live.LoopPolicy:
     freqs = tuple(run.frequencies or ()) or (run.frequency_ghz or power.NOMINAL_GHZ,)
+    # Without a live re-plan a worker beyond the key groups would idle: cap there.
+    cap = policy.max_workers if replannable(run) else min(
+        policy.max_workers, run.key_groups or policy.max_workers)
     return live.LoopPolicy(
         strategy=policy.strategy, latency_bound_s=policy.latency_bound_ms / 1000.0,
         min_workers=policy.min_workers,
-        max_workers=min(policy.max_workers, run.key_groups or policy.max_workers),
+        max_workers=cap,
         freqs_ghz=tuple(float(f) for f in freqs), power=power.power_model(),
         power_budget_w=policy.power_budget_w, throughput_floor=policy.throughput_floor_rps,
         control_step_s=policy.control_step_s, params=dict(policy.strategy_params or {}),

@@ -65,3 +65,31 @@ def test_key_groups_change_on_a_running_query_with_exactly_once_output(
                            run.work / "output")
     assert report.ok, report.problems
     assert report.batches == epochs[-1] + 1 or report.batches >= len(epochs)
+
+
+HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
+                  "rate": {"kind": "constant", "records_per_s": 600},
+                  "keys": {"kind": "file", "file": "elastic-hft/probability_distribution"}},
+       "operators": [{"type": "hft_window", "window": 12, "slide": 4, "degree": 2}],
+       "sink": {"type": "latency", "keep_output": True},
+       "key_groups": 4}
+
+
+def test_hft_windows_carry_over_a_seamless_replan_and_equal_the_reference(
+        tmp_path: Path, spark_cluster: Any) -> None:
+    """transformWithState's initialState seeds the new query with every symbol's window
+    (count and last quotes): the windows fired after the hand-over equal the
+    pure-pandas reference over the whole stream."""
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
+    run = RunnerProcess(tmp_path / "hft", spark_cluster.master_url, HFT, redis_url,
+                        token="threplan", max_workers=2, initial_workers=2)
+    with run:
+        run.wait_batches(6)
+        ack = _replan(run, 8, "seamless")
+        run.wait_batches(len(run.metrics) + 4)
+    assert ack["snapshot_rows"] > 100  # symbols with a window in progress
+    assert {m["generation"] for m in run.metrics} == {0, 1}
+    report = verify.verify(definition.validate(HFT), run.t0, run.work / "checkpoint",
+                           run.work / "output")
+    assert report.ok, report.problems
+    assert report.output_rows >= 50

@@ -102,6 +102,15 @@ def _processor_class() -> type:
             if out:
                 yield pd.DataFrame(out, columns=OUTPUT_COLUMNS)
 
+        def handleInitialState(self, key: Any, initialState: pd.DataFrame,
+                               timerValues: Any = None) -> None:
+            """A live re-plan's new query starts from the old one's state
+            (``replan.write_snapshot``): one row per symbol, the stored window."""
+            row = initialState.iloc[0]
+            self.state.update((int(row["count"]), [int(x) for x in row["seqs"]],
+                               [float(x) for x in row["ts"]],
+                               [float(x) for x in row["prices"]]))
+
         def close(self) -> None:
             pass
 

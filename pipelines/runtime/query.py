@@ -69,6 +69,8 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
         return build_dataflow(spark, spec, t0, plan_dir)
     df = read_stream(spark, GeneratorDataSource, spec, t0, plan_dir,
                      start=seed.start if seed else 0, hold=seed.hold if seed else None)
+    # (an HFT seed has no hold: transformWithState loads its initial state in the first
+    # batch without emitting anything for it)
     for op in spec.operators:
         if op.type not in definition.STATEFUL_TYPES:
             df = _apply_stateless(df, op)
@@ -77,20 +79,23 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
     if stateful.type == "hft_window":
         from pipelines.runtime import hft
 
+        initial = (spark.read.parquet(str(seed.snapshot)).groupBy(stateful.key)
+                   if seed is not None else None)
         return df.groupBy(stateful.key).transformWithStateInPandas(
             hft.make_processor(stateful.window, stateful.slide, stateful.degree),
-            hft.OUTPUT_DDL, "Append", "None")
+            hft.OUTPUT_DDL, "Append", "None", initialState=initial)
     return keyed_aggregate(spark, df, stateful, seed.snapshot if seed else None)
 
 
 @dataclass(frozen=True)
 class Seed:
     """Where a re-plan's new generation starts: the source offset after the old one's
-    last committed batch, its state snapshot there, and the hold marker."""
+    last committed batch, its state snapshot there, and the hold marker (a keyed
+    aggregate's snapshot loads in a batch of its own; None: in the first batch)."""
 
     start: int
     snapshot: Path
-    hold: Path
+    hold: Path | None
 
 
 # The keyed aggregate's state per key, whatever the aggregate: records, sum and max of

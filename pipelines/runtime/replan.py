@@ -65,9 +65,9 @@ def replan_refusal(spec: Any) -> str | None:
     if spec.graph is not None:
         return ("re-plan covers keyed-aggregate pipelines so far; this dataflow pipeline's "
                 "operators have no state hand-over yet")
-    if spec.stateful.type != "keyed_aggregate":
-        return (f"re-plan covers keyed-aggregate pipelines so far; {spec.stateful.type} "
-                "has no state hand-over yet")
+    if spec.stateful.type not in ("keyed_aggregate", "hft_window"):
+        return (f"re-plan covers keyed aggregates and HFT windows so far; "
+                f"{spec.stateful.type} has no state hand-over yet")
     return None
 
 
@@ -276,6 +276,24 @@ class Arbiter:
 # The state buffers the optimiser keeps per aggregate: the ones its output does not use
 # are pruned from the plan, so the state holds only these (in this order).
 STATE_BUFFERS = {"count": ("w",), "sum": ("w", "s"), "mean": ("w", "s"), "max": ("w", "m")}
+
+
+def write_window_snapshot(spark: Any, checkpoint: Path, batch: int, key: str,
+                          out: Path) -> int:
+    """The HFT window operator's state after ``batch`` (its ValueState ``window``: the
+    symbol's count and last quotes) as Parquet rows, the new query's ``initialState``."""
+    from pyspark.sql import functions as F
+
+    shutil.rmtree(out, ignore_errors=True)
+    state = (spark.read.format("statestore").option("batchId", batch)
+             .option("operatorId", 0).option("stateVarName", "window")
+             .load(str(checkpoint)))
+    rows = state.select(F.col("key")[key].cast("long").alias(key), "value.*")
+    rows.write.parquet(str(out))
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in out.iterdir()
+               if p.suffix == ".parquet")
 
 
 def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,

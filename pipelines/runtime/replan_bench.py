@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from pipelines.runtime import definition, replan, verify
 from pipelines.runtime.harness import HarnessError, RunnerProcess, keyed_count, wait_steady
 
+BETWEEN_S = 30.0  # steady time between two re-plans (the next one's baseline)
 # From 8 key groups: up, down, up again; the same list for both schemes.
 TARGETS = (16, 8, 12, 4, 16, 6, 12, 8, 16, 8)
 FIELDS = ("scheme", "from", "to", "downtime_s", "disrupted_s", "overlap_s", "catch_up_s",
@@ -46,6 +48,10 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
         mine: list[dict[str, Any]] = []
         with run:
             wait_steady(run, rate, steady)
+            # Gloss' baseline is the previous 100 s: let them be steady, burst gone.
+            calm = time.time()
+            run.wait_until(lambda: time.time() - calm >= replan.BASELINE_S,
+                           replan.BASELINE_S + 120, "a steady baseline")
             current = 8
             for i, groups in enumerate(targets, 1):
                 ack = run.command("replan", timeout_s=900, key_groups=groups, scheme=scheme)
@@ -59,7 +65,11 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
                     f"{row['downtime_s']} s, disrupted {row['disrupted_s']} s, overlap "
                     f"{row['overlap_s']} s, catch-up {row['catch_up_s']} s")
                 current = groups
+                # The next one's baseline starts after this one's measurement.
+                done = time.time()
                 run.wait_batches(len(run.metrics) + steady)
+                run.wait_until(lambda: time.time() - done >= BETWEEN_S, BETWEEN_S + 120,
+                               "steady batches between re-plans")
         log(f"{scheme}: verifying the run's output ...")
         report = verify.verify(definition.validate(doc), run.t0, run.work / "checkpoint",
                                run.work / "output")

@@ -274,7 +274,7 @@ class Runner:
         from pipelines.runtime.query import LatencySink, build_stream
 
         def claim(batch_id: int) -> int | None:
-            if seed is not None and batch_id == 0:
+            if seed is not None and seed.hold is not None and batch_id == 0:
                 # The snapshot loads in this batch; the source reads from the next one.
                 seed.hold.touch()
             return self.arbiter.claim(gen, batch_id)
@@ -333,6 +333,10 @@ class Runner:
                                from_groups=old.key_groups, to_groups=groups)
         self.replanning = True
         new = replan.Generation(number, groups, gdir / "checkpoint")
+        sc = self.spark.sparkContext
+        # The snapshot's jobs, and the new query's (its stream thread inherits this
+        # thread's local properties), run in a FAIR pool of their own (session.py).
+        sc.setLocalProperty("spark.scheduler.pool", f"generation-{number}")
         try:
             facts = self._hand_over(old, new, new_spec, scheme, gdir)
         except Exception as exc:
@@ -346,6 +350,8 @@ class Runner:
             self.bus.publish_event(RunnerEvent.REPLAN_FAILED, generation=number,
                                    reason=reason)
             return False, f"re-plan abandoned, generation {old.number} goes on: {reason}", {}
+        finally:
+            sc.setLocalProperty("spark.scheduler.pool", None)
         self.replanning = False
         t_switch = facts["switched_at"]
         # Measure the span the way Gloss §9.1 does, SETTLE_S past the switch.
@@ -384,12 +390,19 @@ class Runner:
         start = replan.batch_end(old.checkpoint, batch)
         new.start = start
         snap = time.perf_counter()
-        rows = replan.write_snapshot(self.spark, old.checkpoint, batch, spec.stateful.key,
-                                     spec.stateful.agg, gdir / "snapshot")
+        op = spec.stateful
+        if op.type == "hft_window":
+            rows = replan.write_window_snapshot(self.spark, old.checkpoint, batch, op.key,
+                                                gdir / "snapshot")
+            hold = None
+        else:
+            rows = replan.write_snapshot(self.spark, old.checkpoint, batch, op.key, op.agg,
+                                         gdir / "snapshot")
+            hold = gdir / "hold"
         snapshot_s = time.perf_counter() - snap
         self.arbiter.propose(new)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
-        self._start_generation(new, spec, Seed(start, gdir / "snapshot", gdir / "hold"))
+        self._start_generation(new, spec, Seed(start, gdir / "snapshot", hold))
         new_started = time.time()
         deadline = new_started + replan.CATCH_UP_TIMEOUT_S
         while not self.arbiter.switched.wait(0.2):

@@ -50,6 +50,11 @@ def build_session(master_url: str, app_name: str, max_workers: int,
         .config("spark.executorEnv.PYTHONPATH", str(PROJECT_ROOT))
         .config("spark.executorEnv.STREAMWISE_DATA_ROOT", str(data_root()))
         .config("spark.sql.adaptive.enabled", "false")
+        # A live re-plan runs a second query (and its state snapshot) beside the first
+        # in a pool of its own (runner.Runner._hand_over): FAIR shares the executors
+        # between the pools task by task, so the old query's batches are not queued
+        # behind the new one's large jobs. One query alone is one pool, as with FIFO.
+        .config("spark.scheduler.mode", "FAIR")
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
                 "true")
