@@ -278,8 +278,16 @@ class Arbiter:
 STATE_BUFFERS = {"count": ("w",), "sum": ("w", "s"), "mean": ("w", "s"), "max": ("w", "m")}
 
 
+def _in_one_task(rows: Any, beside_live: bool) -> Any:
+    """Beside a live query (seamless) the snapshot is read and written in one task, so
+    it holds one executor slot and the old query keeps the other (FAIR shares slots as
+    tasks end; a state partition's read can take seconds). Stop-and-restart has every
+    slot to itself."""
+    return rows.coalesce(1) if beside_live else rows
+
+
 def write_window_snapshot(spark: Any, checkpoint: Path, batch: int, key: str,
-                          out: Path) -> int:
+                          out: Path, beside_live: bool = False) -> int:
     """The HFT window operator's state after ``batch`` (its ValueState ``window``: the
     symbol's count and last quotes) as Parquet rows, the new query's ``initialState``."""
     from pyspark.sql import functions as F
@@ -289,7 +297,7 @@ def write_window_snapshot(spark: Any, checkpoint: Path, batch: int, key: str,
              .option("operatorId", 0).option("stateVarName", "window")
              .load(str(checkpoint)))
     rows = state.select(F.col("key")[key].cast("long").alias(key), "value.*")
-    rows.write.parquet(str(out))
+    _in_one_task(rows, beside_live).write.parquet(str(out))
     import pyarrow.parquet as pq
 
     return sum(pq.ParquetFile(p).metadata.num_rows for p in out.iterdir()
@@ -297,7 +305,7 @@ def write_window_snapshot(spark: Any, checkpoint: Path, batch: int, key: str,
 
 
 def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
-                   out: Path) -> int:
+                   out: Path, beside_live: bool = False) -> int:
     """The keyed aggregate's state after ``batch`` as Parquet rows (key, w, s, m):
     Spark's state data source reads the checkpoint's state store at that batch; the
     value buffer is (records, sum, max) (``query.keyed_aggregate``) less what the
@@ -320,7 +328,7 @@ def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
     rows = rows.select(F.col(key).cast("long"), F.col("v.w").cast("long").alias("w"),
                        *[F.col(f"v.{c}").cast("double").alias(c) if c in names
                          else F.lit(0.0).alias(c) for c in ("s", "m")])
-    rows.write.parquet(str(out))
+    _in_one_task(rows, beside_live).write.parquet(str(out))
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -67,7 +67,7 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
                 current = groups
                 # The next one's baseline starts after this one's measurement.
                 done = time.time()
-                run.wait_batches(len(run.metrics) + steady)
+                run.wait_batches(steady)
                 run.wait_until(lambda: time.time() - done >= BETWEEN_S, BETWEEN_S + 120,
                                "steady batches between re-plans")
         log(f"{scheme}: verifying the run's output ...")

@@ -393,11 +393,12 @@ class Runner:
         op = spec.stateful
         if op.type == "hft_window":
             rows = replan.write_window_snapshot(self.spark, old.checkpoint, batch, op.key,
-                                                gdir / "snapshot")
+                                                gdir / "snapshot",
+                                                beside_live=scheme == "seamless")
             hold = None
         else:
             rows = replan.write_snapshot(self.spark, old.checkpoint, batch, op.key, op.agg,
-                                         gdir / "snapshot")
+                                         gdir / "snapshot", beside_live=scheme == "seamless")
             hold = gdir / "hold"
         snapshot_s = time.perf_counter() - snap
         self.arbiter.propose(new)
