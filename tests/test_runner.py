@@ -7,6 +7,7 @@ import pytest
 
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.definition import DEMO_DEFINITION
+from pipelines.runtime.query import BatchCommit
 from pipelines.runtime.runner import Runner, RunnerConfig
 
 pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
@@ -129,11 +130,12 @@ def test_a_batchs_metrics_record_is_the_typed_contract_the_control_plane_reads(t
     runner = _runner(tmp_path, t0=1000.0)
     metrics, groups = runner.metrics, runner.spec.key_groups
     runner.workers = 2
-    metrics.on_commit(SimpleNamespace(batch_id=3, committed_at=1010.0, output_rows=40))
+    metrics.on_commit(BatchCommit(batch_id=3, output_rows=40, started_at=1009.5,
+                                  committed_at=1010.0, generation=0, epoch=3))
     row = SimpleNamespace(asDict=lambda: {"records": 40, "first_emit": 1009.0,
                                           "q": [1009.1, 1009.2, 1009.5]})
     progress = SimpleNamespace(
-        batchId=3, observedMetrics={"sw_latency": row}, numInputRows=40,
+        batchId=3, runId="run-3", observedMetrics={"sw_latency": row}, numInputRows=40,
         inputRowsPerSecond=80.0, processedRowsPerSecond=90.0,
         durationMs={"triggerExecution": 400, "addBatch": 300},
         stateOperators=[SimpleNamespace(numRowsTotal=12)],

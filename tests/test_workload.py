@@ -167,5 +167,13 @@ def test_readers_of_one_source_agree_on_every_batch_end(tmp_path) -> None:
         assert a == b and a["offset"] > start["offset"]
         begins.append(start["offset"])
         start = a
-    # Batches before the one planned last are forgotten.
-    assert sorted(p.name for p in (tmp_path / "plan").iterdir()) == [str(begins[-1])]
+    # Planned ends are kept a while (a re-plan's new query may still need them), then
+    # forgotten: all but the one planned last once they are older than PLAN_KEEP_S.
+    plan = tmp_path / "plan"
+    assert sorted(int(p.name) for p in plan.iterdir()) == begins
+    import os
+
+    for entry in plan.iterdir():
+        os.utime(entry, (0, 0))
+    first._prune(begins[-1])
+    assert sorted(p.name for p in plan.iterdir()) == [str(begins[-1])]
