@@ -34,11 +34,15 @@ def _replan(run: RunnerProcess, groups: int, scheme: str) -> dict[str, Any]:
     return ack
 
 
+def _runner(tmp_path: Path, cluster: Any, doc: dict, name: str) -> RunnerProcess:
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
+    return RunnerProcess(tmp_path / name, cluster.master_url, doc, redis_url,
+                         token=f"t{name}", max_workers=2, initial_workers=2)
+
+
 def test_key_groups_change_on_a_running_query_with_exactly_once_output(
         tmp_path: Path, spark_cluster: Any) -> None:
-    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
-    run = RunnerProcess(tmp_path / "replan", spark_cluster.master_url, MEAN, redis_url,
-                        token="treplan", max_workers=2, initial_workers=2)
+    run = _runner(tmp_path, spark_cluster, MEAN, "replan")
     with run:
         run.wait_batches(6)
         seamless = _replan(run, 12, "seamless")
@@ -80,9 +84,7 @@ def test_hft_windows_carry_over_a_seamless_replan_and_equal_the_reference(
     """transformWithState's initialState seeds the new query with every symbol's window
     (count and last quotes): the windows fired after the hand-over equal the
     pure-pandas reference over the whole stream."""
-    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
-    run = RunnerProcess(tmp_path / "hft", spark_cluster.master_url, HFT, redis_url,
-                        token="threplan", max_workers=2, initial_workers=2)
+    run = _runner(tmp_path, spark_cluster, HFT, "hft")
     with run:
         run.wait_batches(6)
         ack = _replan(run, 8, "seamless")

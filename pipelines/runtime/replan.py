@@ -278,12 +278,28 @@ class Arbiter:
 STATE_BUFFERS = {"count": ("w",), "sum": ("w", "s"), "mean": ("w", "s"), "max": ("w", "m")}
 
 
-def _in_one_task(rows: Any, beside_live: bool) -> Any:
-    """Beside a live query (seamless) the snapshot is read and written in one task, so
-    it holds one executor slot and the old query keeps the other (FAIR shares slots as
+def _read_state(spark: Any, checkpoint: Path, batch: int, **options: str) -> Any:
+    """Operator 0's state after ``batch`` (Spark's state data source)."""
+    return (spark.read.format("statestore").option("batchId", batch)
+            .option("operatorId", 0).options(**options).load(str(checkpoint)))
+
+
+def _write_rows(rows: Any, out: Path, beside_live: bool) -> list[Path]:
+    """Write a snapshot's rows as Parquet in ``out`` (replacing it); its files.
+
+    Beside a live query (seamless) the snapshot is read and written in one task, so it
+    holds one executor slot and the old query keeps the other (FAIR shares slots as
     tasks end; a state partition's read can take seconds). Stop-and-restart has every
     slot to itself."""
-    return rows.coalesce(1) if beside_live else rows
+    shutil.rmtree(out, ignore_errors=True)
+    (rows.coalesce(1) if beside_live else rows).write.parquet(str(out))
+    return [p for p in out.iterdir() if p.suffix == ".parquet"]
+
+
+def _rows_in(files: list[Path]) -> int:
+    import pyarrow.parquet as pq
+
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in files)
 
 
 def write_window_snapshot(spark: Any, checkpoint: Path, batch: int, key: str,
@@ -292,16 +308,9 @@ def write_window_snapshot(spark: Any, checkpoint: Path, batch: int, key: str,
     symbol's count and last quotes) as Parquet rows, the new query's ``initialState``."""
     from pyspark.sql import functions as F
 
-    shutil.rmtree(out, ignore_errors=True)
-    state = (spark.read.format("statestore").option("batchId", batch)
-             .option("operatorId", 0).option("stateVarName", "window")
-             .load(str(checkpoint)))
+    state = _read_state(spark, checkpoint, batch, stateVarName="window")
     rows = state.select(F.col("key")[key].cast("long").alias(key), "value.*")
-    _in_one_task(rows, beside_live).write.parquet(str(out))
-    import pyarrow.parquet as pq
-
-    return sum(pq.ParquetFile(p).metadata.num_rows for p in out.iterdir()
-               if p.suffix == ".parquet")
+    return _rows_in(_write_rows(rows, out, beside_live))
 
 
 def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
@@ -312,9 +321,7 @@ def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
     aggregate ``agg`` does not use (then 0, never read)."""
     from pyspark.sql import functions as F
 
-    shutil.rmtree(out, ignore_errors=True)
-    state = (spark.read.format("statestore").option("batchId", batch)
-             .option("operatorId", 0).load(str(checkpoint)))
+    state = _read_state(spark, checkpoint, batch)
     fields = state.schema["value"].dataType.fields
     names = ("w", "s", "m") if len(fields) == 3 else STATE_BUFFERS[agg]
     if len(names) != len(fields):
@@ -328,16 +335,15 @@ def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
     rows = rows.select(F.col(key).cast("long"), F.col("v.w").cast("long").alias("w"),
                        *[F.col(f"v.{c}").cast("double").alias(c) if c in names
                          else F.lit(0.0).alias(c) for c in ("s", "m")])
-    _in_one_task(rows, beside_live).write.parquet(str(out))
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    files = [p for p in out.iterdir() if p.suffix == ".parquet"]
+    files = _write_rows(rows, out, beside_live)
     if not files:  # an empty state: one empty file still makes the seeding batch happen
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         pq.write_table(pa.table({key: pa.array([], pa.int64()), "w": pa.array([], pa.int64()),
                                  "s": pa.array([], pa.float64()),
                                  "m": pa.array([], pa.float64())}), out / "empty.parquet")
-    return sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+    return _rows_in(files)
 
 
 # ------------------------------------------------------------------- metrics
