@@ -37,19 +37,19 @@ def test_the_arbiter_forwards_every_range_once_and_switches_at_a_shared_boundary
     old = _Gen(0, {b: (bounds[b], bounds[b + 1]) for b in range(6)})
     arbiter = replan.Arbiter(tmp_path, old)
     assert [arbiter.claim(old, b) for b in range(3)] == [0, 1, 2]  # up to 40
-    # The new generation starts at 25 (the snapshot after batch 1): its batch 0 loads
-    # the state (an empty range), batch 1 covers [25, 40) in one go (it catches up).
-    new = _Gen(1, {0: (25, 25), 1: (25, 40), 2: (40, 55), 3: (55, 70)})
+    # The new generation starts at 25 (the snapshot after batch 1): its batch 0 loaded
+    # the state elsewhere (reseed.py), batch 1 covers [25, 40) in one go (catching up).
+    new = _Gen(1, {1: (25, 40), 2: (40, 55), 3: (55, 70)})
     arbiter.propose(new)
-    assert arbiter.claim(new, 0) is None
-    # Level with the old one ([25, 40) ends where the forwarded output ends): the next
-    # range is reserved; the old one's claim of it waits for the new one's.
-    assert arbiter.claim(new, 1) is None and arbiter.reserved
+    arbiter.begin(new, 1)
+    assert arbiter.claim(new, 1) is None  # behind: the old one forwarded [25, 40)
+    # Both compute [40, 55): the old one finishes first and waits for the new one.
+    arbiter.begin(new, 2)
     got: list[int | None] = []
     waiting = threading.Thread(target=lambda: got.append(arbiter.claim(old, 3)))
     waiting.start()
-    time.sleep(0.2)
-    assert waiting.is_alive()  # held at the reserved boundary
+    time.sleep(0.1)
+    assert waiting.is_alive()  # its output is ready; the candidate is on the same range
     assert arbiter.claim(new, 2) == 3  # [40, 55) forwarded by the new generation
     waiting.join(5)
     assert got == [None] and arbiter.switched.is_set()
@@ -60,13 +60,41 @@ def test_the_arbiter_forwards_every_range_once_and_switches_at_a_shared_boundary
             for g in doc["generations"]] == [(0, 0, 2, 0), (1, 2, None, 1)]
 
 
+def test_whoever_finishes_the_next_range_first_forwards_it(tmp_path: Path) -> None:
+    old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert arbiter.claim(old, 0) == 0
+    new = _Gen(1, {1: (10, 20), 2: (20, 30)})
+    arbiter.propose(new)
+    arbiter.begin(new, 1)
+    assert arbiter.claim(new, 1) == 1  # the new one finished [10, 20) first
+    assert arbiter.claim(old, 1) is None and arbiter.claim(old, 2) is None
+    assert arbiter.claim(new, 2) == 2
+
+
+def test_a_candidate_ahead_waits_for_the_range_before_its_own(tmp_path: Path) -> None:
+    old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert arbiter.claim(old, 0) == 0
+    new = _Gen(1, {1: (20, 30)})  # throttled, the old one is still on [10, 20)
+    arbiter.propose(new)
+    got: list[int | None] = []
+    waiting = threading.Thread(target=lambda: got.append(arbiter.claim(new, 1)))
+    waiting.start()
+    time.sleep(0.1)
+    assert waiting.is_alive()
+    assert arbiter.claim(old, 1) == 1
+    waiting.join(5)
+    assert got == [2] and arbiter.claim(old, 2) is None
+
+
 def test_a_generation_is_stopped_only_once_its_forwarded_batches_are_written(
         tmp_path: Path) -> None:
     old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
     arbiter = replan.Arbiter(tmp_path, old)
     assert arbiter.claim(old, 0) == 0
     arbiter.written(old, 0)
-    assert arbiter.claim(old, 1) == 1  # claimed as it starts; still being written
+    assert arbiter.claim(old, 1) == 1  # claimed once computed; still being written
     assert not arbiter.wait_written(old, 0.1)
     threading.Timer(0.2, arbiter.written, args=(old, 1)).start()
     assert arbiter.wait_written(old, 5)
@@ -74,20 +102,23 @@ def test_a_generation_is_stopped_only_once_its_forwarded_batches_are_written(
     assert arbiter.claim(old, 2) is None
 
 
-def test_a_reservation_the_new_generation_does_not_take_lapses_without_a_gap(
+def test_the_old_generations_wait_for_a_slow_candidate_lapses_without_a_gap(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(replan, "RESERVE_WAIT_S", 0.3)
+    monkeypatch.setattr(replan, "HANDOVER_WAIT_S", 0.2)
     old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
     arbiter = replan.Arbiter(tmp_path, old)
     assert arbiter.claim(old, 0) == 0
-    new = _Gen(1, {0: (0, 0), 1: (0, 10)})
+    new = _Gen(1, {1: (10, 20), 2: (20, 30)})
     arbiter.propose(new)
-    arbiter.claim(new, 0)
-    arbiter.claim(new, 1)  # level: [10, ...) reserved, but the new one never claims it
+    arbiter.begin(new, 1)  # level, but it never finishes in time
     started = time.monotonic()
     assert arbiter.claim(old, 1) == 1  # after the wait the old one forwards on
-    assert time.monotonic() - started >= 0.25
+    assert time.monotonic() - started >= 0.18
+    assert arbiter.claim(new, 1) is None
+    arbiter.begin(new, 2)
+    started = time.monotonic()
     assert arbiter.claim(old, 2) == 2 and not arbiter.switched.is_set()
+    assert time.monotonic() - started >= 0.38  # each miss lengthens the next wait
 
 
 def test_stop_and_restart_switches_at_the_old_generations_last_forwarded_end(
@@ -148,20 +179,33 @@ def test_offset_lines_name_the_generator_whatever_their_order() -> None:
 
 
 def test_gloss_metrics_count_silent_and_slow_buckets() -> None:
-    # 100 s at 100 records/s (one batch every 0.4 s: 1-s buckets), then a 3-s gap, then
-    # a slow second.
-    batches = [(1000.0 + 0.4 * i, 40, 200.0) for i in range(250)]
+    # 100 s at 100 records/s (one batch every 0.4 s, each running 0.3 s: 1-s buckets),
+    # then a 3-s gap, a large catch-up batch and a slow second.
+    batches = [(1000.0 + 0.4 * i, 40, 200.0, 999.7 + 0.4 * i) for i in range(250)]
     t_request = 1100.0
-    batches += [(1100.2, 50, 300.0), (1104.3, 300, 4000.0), (1105.2, 20, 900.0),
-                (1106.1, 60, 250.0), (1106.6, 60, 250.0)]
+    batches += [(1100.2, 50, 300.0, 1099.9), (1104.3, 300, 4000.0, 1103.8),
+                (1105.2, 20, 900.0, 1104.9), (1106.1, 60, 250.0, 1105.8),
+                (1106.6, 60, 250.0, 1106.3)]
     m = replan.gloss_metrics(batches, t_request, 1107.0, lambda t: int(100 * t))
     assert m.bucket_s == 1.0 and m.buckets == 7
     assert m.baseline_rate == pytest.approx(100.0, rel=0.02)
-    assert m.downtime_s == 3  # seconds 1-3 had no output while input arrived
-    assert m.disrupted_s == 5  # 0 (50), 1-3 (0), 5 (20); 4 (300) and 6 (120) are not
+    assert m.downtime_s == 3 and m.down_at_s == [1.0, 2.0, 3.0]  # no output, input came
+    # Records processed per second: 33, 0, 0, 120, 187, 53 (up to the last commit):
+    # the catch-up batch ran in seconds 3-4 only, so it does not fill the gap.
+    rates = replan.throughput_per_second([(b[0], b[1], b[3]) for b in batches],
+                                         t_request, 1107.0)
+    assert [round(r) for r in rates] == [33, 0, 0, 120, 187, 53]
+    assert m.disrupted_s == 4 and m.disrupted_strict_s == 4
     assert m.worst_p95_ms == 4000.0
     # No input in a silent second is not downtime.
     assert replan.gloss_metrics(batches, t_request, 1107.0, lambda t: 0).downtime_s == 0
+
+
+def test_a_steady_run_is_never_disrupted_at_one_batch_more_or_less_per_second() -> None:
+    # Batches every 0.95 s (1 or 2 commits per 1.5-s bucket): steady throughput.
+    batches = [(1000.0 + 0.95 * i, 95, 900.0, 1000.0 + 0.95 * i - 0.8) for i in range(200)]
+    m = replan.gloss_metrics(batches, 1100.0, 1150.0, lambda t: int(100 * t))
+    assert m.downtime_s == 0 and m.disrupted_s == 0
 
 
 def test_buckets_widen_with_a_slow_cadence_so_steady_output_is_never_down() -> None:

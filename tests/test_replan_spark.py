@@ -50,7 +50,8 @@ def test_key_groups_change_on_a_running_query_with_exactly_once_output(
         restart = _replan(run, 4, "stop-restart")
         run.wait_batches(3)
         kinds = [e["type"] for e in run.events]
-    print(json.dumps({k: {f: a.get(f) for f in ("overlap_s", "catch_up_s", "snapshot_rows",
+    print(json.dumps({k: {f: a.get(f) for f in ("overlap_s", "catch_up_s", "transfer_s",
+                                                  "snapshot_rows",
                                                   "downtime_s", "disrupted_s", "bucket_s",
                                                   "discarded_batches")}
                       for k, a in (("seamless", seamless), ("stop-restart", restart))}))

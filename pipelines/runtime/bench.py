@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="closed-loop: uniform keys (0: the 2,836-symbol HFT distribution)")
     ap.add_argument("--reconfigs", type=int, default=10,
                     help="replan: reconfigurations per scheme (the same targets for both)")
+    ap.add_argument("--schemes", default=",".join(("seamless", "stop-restart")),
+                    help="replan: comma-separated schemes (seamless, stop-restart)")
     ap.add_argument("--capacity", type=float, default=None,
                     help="closed-loop: one worker's records/s (default: calibrate)")
     args = ap.parse_args(argv)
@@ -294,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"strategies must be among {', '.join(LOOP_STRATEGIES)}")
         if args.reconfigs < 1:
             raise ValueError("--reconfigs must be >= 1")
+        schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
+        if not schemes or set(schemes) - {"seamless", "stop-restart"}:
+            raise ValueError("--schemes: seamless and/or stop-restart")
         if len([int(x) for x in args.loop_seconds.split(",")]) != 4:
             raise ValueError("--loop-seconds needs four whole numbers")
         if not 2 <= args.groups <= 256 or args.rate <= 0 or min(keys) < 1 or args.steady < 2:
@@ -321,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
             from pipelines.runtime.replan_bench import bench_replan
 
             result = bench_replan(info.master_url, work, args.redis_url, keys[0], args.rate,
-                                  args.reconfigs, args.steady, args.executor_memory)
+                                  args.reconfigs, args.steady, args.executor_memory,
+                                  schemes)
         else:
             result = {"benchmark": "scale", "sizes": [
                 bench_scale(info.master_url, work, args.redis_url, k, args.rate, args.groups,

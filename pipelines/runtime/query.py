@@ -91,7 +91,8 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
 class Seed:
     """Where a re-plan's new generation starts: the source offset after the old one's
     last committed batch, its state snapshot there, and the hold marker (a keyed
-    aggregate's snapshot loads in a batch of its own; None: in the first batch)."""
+    aggregate's snapshot loads in a batch of its own; None: with the first batch's
+    records, as ``reseed.py`` seeds a seamless re-plan's checkpoint)."""
 
     start: int
     snapshot: Path
@@ -171,32 +172,46 @@ class LatencySink:
     holds for the verifier); otherwise they are only counted. Either way one Spark job
     computes the batch (a second action would re-run the stateful operator).
 
-    ``claim`` (a re-plan's output arbiter, ``replan.Arbiter``) says whether the batch's
-    output is forwarded, as which of the run's output batches (its epoch), or discarded
-    (another generation forwards that input); without it every batch is forwarded as its
-    own id. A discarded batch still runs (its state must advance) into ``noop``.
+    ``claim`` (a re-plan's output arbiter, ``replan.Arbiter``) says, once the batch is
+    computed, whether its output is forwarded, as which of the run's output batches (its
+    epoch), or discarded (another generation forwards that input); ``begin`` tells the
+    arbiter a batch starts. Without them every batch is forwarded as its own id. A
+    discarded batch still runs (its state must advance).
     """
 
     def __init__(self, on_commit: Callable[[BatchCommit], None],
                  output_dir: Path | str | None = None,
                  between_batches: Callable[[int], None] | None = None,
                  claim: Callable[[int], int | None] | None = None,
-                 generation: int = 0) -> None:
+                 generation: int = 0,
+                 begin: Callable[[int], None] | None = None) -> None:
         self.on_commit = on_commit
         self.output_dir = Path(output_dir) if output_dir else None
         self.between_batches = between_batches
         self.claim = claim
+        self.begin = begin
         self.generation = generation
         self.batch_lock = threading.Lock()
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.batch_lock:
             started = time.time()
-            epoch = self.claim(batch_id) if self.claim is not None else batch_id
-            if self.output_dir is None or epoch is None:
-                rows = self._discard(batch_df)
+            if self.claim is None:
+                epoch: int | None = batch_id
+                rows = (self._discard(batch_df) if self.output_dir is None
+                        else self._keep(batch_df.toArrow(), batch_id))
             else:
-                rows = self._keep(batch_df.toArrow(), epoch)
+                # Computed first, claimed then: with two generations on the same range
+                # the first to finish forwards it (replan.Arbiter).
+                if self.begin is not None:
+                    self.begin(batch_id)
+                if self.output_dir is None:
+                    rows = self._discard(batch_df)
+                    epoch = self.claim(batch_id)
+                else:
+                    table = batch_df.toArrow()
+                    epoch = self.claim(batch_id)
+                    rows = self._keep(table, epoch) if epoch is not None else table.num_rows
             committed = time.time()
             if self.between_batches is not None and epoch is not None:
                 self.between_batches(batch_id)

@@ -7,20 +7,27 @@ count needs a new query with a new checkpoint):
 * **Asynchronous state transfer (§6.2).** The old query keeps running; its state after
   its last committed micro-batch N is read with Spark's state data source
   (``format("statestore")``, ``batchId`` N) and written as a snapshot. No drain, no
-  extra bookkeeping: Spark's per-batch state checkpoint is the consistent cut.
+  extra bookkeeping: Spark's per-batch state checkpoint is the consistent cut. Seamless
+  does this, and the new query's first batch (the snapshot merged into the new key
+  groups, ``query.keyed_aggregate``), in a ``nice 19`` process of its own
+  (``reseed.py``): inside the run's application both took executor slots for seconds
+  and stretched the old query's batches sixfold.
 * **Concurrent start (§5, §6.1).** The new query (new checkpoint, the new
-  ``spark.sql.shuffle.partitions``) starts in the same application beside the old one.
-  Its first batch loads the snapshot (``query.keyed_aggregate``), then it reads the
-  deterministic source from the old query's end of N. Both read the same epochs: the
-  source's planned batch ends are shared (``source.py``, ``plan_dir``).
+  ``spark.sql.shuffle.partitions``) resumes the seeded checkpoint in the same
+  application beside the old one and reads the deterministic source on from where its
+  first batch ended. Both read the same epochs: the source's planned batch ends are
+  shared (``source.py``, ``plan_dir``).
 * **Adaptive merging (§7.2).** The output arbiter (:class:`Arbiter`) forwards each
-  source range exactly once: the old query's batches until the new query offers the
-  batch that starts where the forwarded output ends, then the new one's. The old query
-  is stopped then. While the new one is behind, the old one is throttled the way Gloss
-  halves its cores (§7.2: its duty cycle halves every ``THROTTLE_STEP_S``), capped so
-  that it still commits a batch well within every second (its output must not stop).
-* **Stop-and-copy (§4.1)**, the baseline: stop the old query first, then the same
-  snapshot, start and hand-over; no output while that happens.
+  source range exactly once: a batch is claimed once computed, and the range that
+  starts where the forwarded output ends goes to the generation that finishes it first
+  (the old one waits briefly for a candidate on the same range). The old query is
+  stopped once the new one has forwarded. While the new one is behind, the old one is
+  throttled the way Gloss halves its cores (§7.2: its duty cycle halves every
+  ``THROTTLE_STEP_S``), capped so that it still commits a batch well within every
+  second (its output must not stop).
+* **Stop-and-copy (§4.1)**, the baseline: stop the old query first, then the snapshot
+  (in the run's application: every executor is free) and the new query, whose first
+  batch loads it while the source holds; no output while that happens.
 * **Metrics (§9.1)**, :func:`gloss_metrics`: downtime = buckets with no output while
   input arrives; throughput-disrupted time = buckets whose output is below the mean of
   the previous 100 s. Gloss' buckets are 1 s; ours are at least 1 s and twice the run's
@@ -51,7 +58,8 @@ CATCH_UP_TIMEOUT_S = 300.0  # the new generation must have caught up by then
 THROTTLE_AFTER_S = 5.0  # overlap before the old generation is first throttled
 THROTTLE_STEP_S = 5.0  # its duty cycle halves again after each further step
 THROTTLE_PERIOD_CAP_S = 0.8  # batch + pause never longer: it keeps output every second
-RESERVE_WAIT_S = 10.0  # the longest the old generation waits at a reserved boundary
+RESERVE_WAIT_S = 10.0  # the longest a candidate ahead waits for the range before its own
+HANDOVER_WAIT_S = 0.5  # the old generation's wait for a candidate on the same range
 SETTLE_S = 10.0  # measured after the switch, so that a late dip is counted
 BASELINE_S = 100.0  # Gloss §9.1: "full throughput" = mean of the previous 100 s
 
@@ -144,14 +152,17 @@ class Arbiter:
     """Forwards each source range to the run's output exactly once (Gloss §7.2,
     adaptive merging; the epoch-aligned sources make the ranges identical).
 
-    A batch is claimed as it starts (``query.LatencySink``). The active generation's
-    batches are forwarded; the candidate's are discarded until it is level: when the
-    candidate is working on the range that ends where the forwarded output ends, the
-    next range is **reserved** for it. The active generation's next claim then waits
-    (up to ``RESERVE_WAIT_S``) until the candidate claims that range and takes over,
-    so the switch costs about one batch of the new query, not a race the old one,
-    running warm and first, would usually win. If the candidate does not come, the wait
-    ends and the old generation forwards on: nothing is lost either way."""
+    A batch is claimed once it is computed, before its output is written
+    (``query.LatencySink``): the range that starts where the forwarded output ends goes
+    to whichever generation finishes it first, so the hand-over costs no batch of
+    either query. The candidate's batches that start before the forwarded end (it is
+    catching up) are discarded; one that starts past it (the candidate got ahead of a
+    throttled old query) waits, at most ``RESERVE_WAIT_S``, for the old one to forward
+    the range before it. When the old generation finishes a range the candidate is
+    computing too, it waits for it (``HANDOVER_WAIT_S``, longer after each miss): its
+    output is ready, so the wait is the small difference between the two, and without
+    it the old query, warm and first, would win every race. A generation is stopped
+    once its forwarded batches are written (``wait_written``)."""
 
     def __init__(self, run_dir: Path, first: Generation) -> None:
         self.run_dir = run_dir
@@ -160,8 +171,8 @@ class Arbiter:
         self.generations: dict[int, Generation] = {first.number: first}
         self.active = first.number
         self.candidate: int | None = None
-        self.candidate_end: int | None = None
-        self.reserved = False
+        self.candidate_range: tuple[int, int] | None = None  # the batch it is computing
+        self.misses = 0  # the old one's waits for the candidate that ended in vain
         self.forwarded_end: int | None = None
         self.last_epoch = -1
         self.switched = threading.Event()
@@ -173,47 +184,63 @@ class Arbiter:
         self.retired: set[int] = set()
         self.last_forwarded: dict[int, int] = {}  # generation -> its last forwarded batch
 
+    def begin(self, gen: Generation, batch: int) -> None:
+        """``gen`` starts computing ``batch`` (its offsets are logged by then)."""
+        start, end = gen.batch_range(batch)
+        with self.cond:
+            if gen.number == self.candidate:
+                self.candidate_range = (start, end)
+
     def claim(self, gen: Generation, batch: int) -> int | None:
-        """The epoch to forward ``gen``'s batch as, or None to discard it."""
+        """The epoch to forward ``gen``'s computed batch as, or None to discard it."""
         start, end = gen.batch_range(batch)
         with self.cond:
             if gen.number in self.retired:
-                self.discarded += 1
-                return None
-            if gen.number == self.active:
+                return self._discard()
+            if gen.number == self.candidate:
+                self.candidate_range = None
                 deadline = time.monotonic() + RESERVE_WAIT_S
-                while self.reserved and self.active == gen.number:
+                while (self.candidate == gen.number and self.forwarded_end is not None
+                       and self.forwarded_end < start):
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        self.reserved = False  # the candidate did not come: go on
                         break
                     self.cond.wait(left)
-                if gen.number != self.active:  # the candidate took over meanwhile
-                    self.discarded += 1
-                    return None
-                epoch = batch + (gen.epoch_offset or 0)
-                self.forwarded_end = end
-                self.last_epoch = max(self.last_epoch, epoch)
-                self.writing.setdefault(gen.number, set()).add(batch)
-                self.last_forwarded[gen.number] = batch
-                if self.candidate is not None and self.candidate_end == end:
-                    self.reserved = True
-                return epoch
-            if gen.number == self.candidate:
-                if self.forwarded_end is not None and start == self.forwarded_end < end:
+                if (self.candidate == gen.number and self.forwarded_end is not None
+                        and start == self.forwarded_end < end):
                     return self._switch(gen, batch, end)
-                self.candidate_end = end
-                if end == self.forwarded_end:
-                    self.reserved = True
-            self.discarded += 1
-            return None
+                return self._discard()
+            if gen.number != self.active:
+                return self._discard()
+            if self.candidate is not None and self.candidate_range == (start, end):
+                deadline = time.monotonic() + HANDOVER_WAIT_S * (1 + self.misses)
+                while self.active == gen.number and self.candidate_range == (start, end):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self.misses += 1
+                        break
+                    self.cond.wait(left)
+                if gen.number != self.active:  # the candidate took this range over
+                    return self._discard()
+            epoch = batch + (gen.epoch_offset or 0)
+            self.forwarded_end = end
+            self.last_epoch = max(self.last_epoch, epoch)
+            self.writing.setdefault(gen.number, set()).add(batch)
+            self.last_forwarded[gen.number] = batch
+            self.cond.notify_all()
+            return epoch
+
+    def _discard(self) -> None:
+        self.discarded += 1
+        self.cond.notify_all()
+        return None
 
     def _switch(self, gen: Generation, batch: int, end: int) -> int:
         old = self.generations[self.active]
         old.last_batch = self.last_epoch - (old.epoch_offset or 0)
         gen.epoch_offset = self.last_epoch + 1 - batch
         gen.first_batch = batch
-        self.active, self.candidate, self.reserved = gen.number, None, False
+        self.active, self.candidate, self.candidate_range = gen.number, None, None
         self.forwarded_end = end
         self.last_epoch += 1
         self.switched_at = time.time()
@@ -250,7 +277,7 @@ class Arbiter:
         """``gen`` takes over once it offers the batch the forwarded output ends at."""
         with self.cond:
             self.generations[gen.number] = gen
-            self.candidate, self.candidate_end, self.reserved = gen.number, None, False
+            self.candidate, self.candidate_range, self.misses = gen.number, None, 0
             self.switched.clear()
             self.switched_at = None
             self.discarded = 0
@@ -258,7 +285,7 @@ class Arbiter:
     def withdraw(self, gen: Generation) -> None:
         with self.cond:
             if self.candidate == gen.number:
-                self.candidate, self.reserved = None, False
+                self.candidate, self.candidate_range = None, None
                 self.cond.notify_all()
             self.generations.pop(gen.number, None)
 
@@ -284,15 +311,10 @@ def _read_state(spark: Any, checkpoint: Path, batch: int, **options: str) -> Any
             .option("operatorId", 0).options(**options).load(str(checkpoint)))
 
 
-def _write_rows(rows: Any, out: Path, beside_live: bool) -> list[Path]:
-    """Write a snapshot's rows as Parquet in ``out`` (replacing it); its files.
-
-    Beside a live query (seamless) the snapshot is read and written in one task, so it
-    holds one executor slot and the old query keeps the other (FAIR shares slots as
-    tasks end; a state partition's read can take seconds). Stop-and-restart has every
-    slot to itself."""
+def _write_rows(rows: Any, out: Path) -> list[Path]:
+    """Write a snapshot's rows as Parquet in ``out`` (replacing it); its files."""
     shutil.rmtree(out, ignore_errors=True)
-    (rows.coalesce(1) if beside_live else rows).write.parquet(str(out))
+    rows.write.parquet(str(out))
     return [p for p in out.iterdir() if p.suffix == ".parquet"]
 
 
@@ -303,18 +325,18 @@ def _rows_in(files: list[Path]) -> int:
 
 
 def write_window_snapshot(spark: Any, checkpoint: Path, batch: int, key: str,
-                          out: Path, beside_live: bool = False) -> int:
+                          out: Path) -> int:
     """The HFT window operator's state after ``batch`` (its ValueState ``window``: the
     symbol's count and last quotes) as Parquet rows, the new query's ``initialState``."""
     from pyspark.sql import functions as F
 
     state = _read_state(spark, checkpoint, batch, stateVarName="window")
     rows = state.select(F.col("key")[key].cast("long").alias(key), "value.*")
-    return _rows_in(_write_rows(rows, out, beside_live))
+    return _rows_in(_write_rows(rows, out))
 
 
 def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
-                   out: Path, beside_live: bool = False) -> int:
+                   out: Path) -> int:
     """The keyed aggregate's state after ``batch`` as Parquet rows (key, w, s, m):
     Spark's state data source reads the checkpoint's state store at that batch; the
     value buffer is (records, sum, max) (``query.keyed_aggregate``) less what the
@@ -335,7 +357,7 @@ def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
     rows = rows.select(F.col(key).cast("long"), F.col("v.w").cast("long").alias("w"),
                        *[F.col(f"v.{c}").cast("double").alias(c) if c in names
                          else F.lit(0.0).alias(c) for c in ("s", "m")])
-    files = _write_rows(rows, out, beside_live)
+    files = _write_rows(rows, out)
     if not files:  # an empty state: one empty file still makes the seeding batch happen
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -352,12 +374,13 @@ class GlossMetrics:
     """One re-plan measured as Gloss §9.1 does, in buckets of output records."""
 
     downtime_s: float  # buckets with no output while input arrived, in seconds
-    disrupted_s: float  # buckets below DISRUPTED_SHARE of the baseline rate, in seconds
-    disrupted_strict_s: float  # buckets below the baseline rate itself (Gloss' wording)
-    bucket_s: float  # the bucket width (1 s, or more for a slower micro-batch cadence)
+    disrupted_s: float  # 1-s buckets below DISRUPTED_SHARE of the baseline throughput
+    disrupted_strict_s: float  # 1-s buckets below the baseline itself (Gloss' wording)
+    bucket_s: float  # the downtime bucket (1 s, or more for a slower micro-batch cadence)
     baseline_rate: float  # the mean output rate of the previous 100 s (records/s)
     buckets: int  # buckets measured: request .. switch + SETTLE_S
     worst_p95_ms: float | None
+    down_at_s: list[float] = field(default_factory=list)  # down buckets, from the request
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -380,22 +403,54 @@ def bucket_width(commit_times: Sequence[float]) -> float:
     return max(1.0, math.ceil(2 * median * 2) / 2)
 
 
-def gloss_metrics(batches: Sequence[tuple[float, int, float | None]], t_request: float,
+def throughput_per_second(batches: Sequence[tuple[float, int, float | None]],
+                          t_from: float, t_to: float) -> list[float]:
+    """Records processed in each 1-s bucket from ``t_from`` (up to ``t_to`` and the last
+    commit). ``batches``: (commit time, records, start time or None); each batch's
+    records are spread evenly over the time it ran (from its start, or else from the
+    previous commit). A steady run then has a steady rate at 1-s resolution, and a stop
+    shows as the seconds in which nothing ran, however large the batch after it."""
+    done = sorted(batches, key=lambda b: b[0])
+    last = min(t_to, done[-1][0]) if done else t_from
+    n = max(0, math.floor(last - t_from))
+    rates = [0.0] * n
+    previous: float | None = None
+    for commit, records, started in done:
+        a = started if started is not None else previous
+        previous = commit
+        if a is None or commit <= a or commit <= t_from or a >= t_from + n:
+            continue
+        per_s = records / (commit - a)
+        for i in range(max(0, math.floor(a - t_from)), min(n, math.ceil(commit - t_from))):
+            lo, hi = max(a, t_from + i), min(commit, t_from + i + 1)
+            if hi > lo:
+                rates[i] += per_s * (hi - lo)
+    return rates
+
+
+def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
                   t_end: float, input_by: Callable[[float], int],
                   baseline_from: float | None = None) -> GlossMetrics:
-    """``batches``: the run's forwarded batches as (commit time, records, p95 ms);
-    ``input_by(t)``: records the source had scheduled by time t. Buckets run from
-    ``t_request`` to ``t_end``; a bucket is down when no batch committed in it while
-    input arrived in it, disrupted when its output rate is below ``DISRUPTED_SHARE`` of
-    the mean rate of the ``BASELINE_S`` before the request (of the history there is, and
-    not before ``baseline_from``: the end of the previous re-plan's measurement)."""
+    """``batches``: the run's forwarded batches as (commit time, records, p95 ms[, start
+    time]); ``input_by(t)``: records the source had scheduled by time t. From ``t_request`` to
+    ``t_end``:
+
+    * downtime: buckets (:func:`bucket_width`) in which no batch committed while input
+      arrived;
+    * throughput-disrupted time: 1-s buckets whose throughput
+      (:func:`throughput_per_second`) is below ``DISRUPTED_SHARE`` of the mean rate of
+      the ``BASELINE_S`` before the request (of the history there is, and not before
+      ``baseline_from``: the end of the previous re-plan's measurement). Counting whole
+      batches into buckets instead made a steady run "disrupted" whenever a bucket held
+      one batch fewer than the last (half the buckets at a 0.95-s cadence): the
+      records are spread over the time their batch ran."""
     since = max(t_request - BASELINE_S, baseline_from or 0.0)
-    before = [(t, r) for t, r, _ in batches if since <= t < t_request]
+    before = [(b[0], b[1]) for b in batches if since <= b[0] < t_request]
     width = bucket_width([t for t, _ in before])
     n = max(1, math.ceil((t_end - t_request) / width))
     counts = [0] * n
     worst: float | None = None
-    for t, records, p95 in batches:
+    for t, records, p95, *_ in batches:
         i = math.floor((t - t_request) / width)
         if 0 <= i < n:
             counts[i] += records
@@ -406,14 +461,15 @@ def gloss_metrics(batches: Sequence[tuple[float, int, float | None]], t_request:
         baseline = sum(r for _, r in before[1:]) / span if span > 0 else 0.0
     else:
         baseline = 0.0
-    down = sum(1 for i, c in enumerate(counts) if c == 0
-               and input_by(t_request + (i + 1) * width) > input_by(t_request + i * width))
-    rates = [c / width for c in counts]
+    down_at = [round(i * width, 1) for i, c in enumerate(counts) if c == 0
+               and input_by(t_request + (i + 1) * width) > input_by(t_request + i * width)]
+    rates = throughput_per_second([(b[0], b[1], b[3] if len(b) > 3 else None)
+                                   for b in batches], t_request, t_end)
     return GlossMetrics(
-        downtime_s=down * width,
-        disrupted_s=sum(1 for r in rates if r < DISRUPTED_SHARE * baseline) * width,
-        disrupted_strict_s=sum(1 for r in rates if r < baseline) * width,
-        bucket_s=width, baseline_rate=round(baseline, 1), buckets=n,
+        downtime_s=len(down_at) * width,
+        disrupted_s=float(sum(1 for r in rates if r < DISRUPTED_SHARE * baseline)),
+        disrupted_strict_s=float(sum(1 for r in rates if r < baseline)),
+        bucket_s=width, baseline_rate=round(baseline, 1), buckets=n, down_at_s=down_at,
         worst_p95_ms=round(worst, 1) if worst is not None else None)
 
 

@@ -27,7 +27,8 @@ BETWEEN_S = 30.0  # steady time between two re-plans (the next one's baseline)
 # From 8 key groups: up, down, up again; the same list for both schemes.
 TARGETS = (16, 8, 12, 4, 16, 6, 12, 8, 16, 8)
 FIELDS = ("scheme", "from", "to", "downtime_s", "disrupted_s", "overlap_s", "catch_up_s",
-          "snapshot_rows", "snapshot_s", "worst_p95_ms", "bucket_s", "verifier_ok")
+          "transfer_s", "snapshot_rows", "snapshot_s", "worst_p95_ms", "bucket_s",
+          "verifier_ok")
 
 
 def log(message: str) -> None:
@@ -35,11 +36,13 @@ def log(message: str) -> None:
 
 
 def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: float,
-                 reconfigs: int, steady: int, executor_memory: str) -> dict[str, Any]:
+                 reconfigs: int, steady: int, executor_memory: str,
+                 schemes: list[str] | None = None) -> dict[str, Any]:
     targets = [TARGETS[i % len(TARGETS)] for i in range(reconfigs)]
     doc = keyed_count(keys, rate, 8, burst_records=keys)
     rows: list[dict[str, Any]] = []
-    for scheme in replan.SCHEMES:
+    schemes = list(schemes or replan.SCHEMES)
+    for scheme in schemes:
         log(f"{scheme}: {keys:,} keys at {rate:g} records/s, targets {targets}")
         run = RunnerProcess(work / f"replan-{scheme}", master_url, doc, redis_url,
                             run_id=990_300 + len(rows), token=f"replan{scheme}",
@@ -78,14 +81,15 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
             row["verifier_ok"] = report.ok
         rows.extend(mine)
     summary = {}
-    for scheme in replan.SCHEMES:
+    for scheme in schemes:
         mine = [r for r in rows if r["scheme"] == scheme]
         summary[scheme] = {k: round(statistics.mean(r[k] for r in mine), 2)
                            for k in ("downtime_s", "disrupted_s", "overlap_s", "catch_up_s")}
         summary[scheme]["max_downtime_s"] = max(r["downtime_s"] for r in mine)
         summary[scheme]["verifier_ok"] = all(r["verifier_ok"] for r in mine)
-    restart = summary["stop-restart"]["disrupted_s"]
-    ratio = summary["seamless"]["disrupted_s"] / restart if restart else None
+    restart = summary.get("stop-restart", {}).get("disrupted_s")
+    ratio = (summary["seamless"]["disrupted_s"] / restart
+             if restart and "seamless" in summary else None)
     log(table(rows))
     return {"benchmark": "replan", "keys": keys, "rate": rate, "targets": targets,
             "reconfigurations": rows, "summary": summary,

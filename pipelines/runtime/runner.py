@@ -45,6 +45,7 @@ from pipelines.runtime.reconfigure import Reconfigurer
 from pipelines.runtime.session import (
     EXECUTOR_WAIT_S,
     EXTRA_EXECUTOR_WAIT_S,
+    PROJECT_ROOT,
     apply_run_conf,
     build_session,
 )
@@ -294,7 +295,8 @@ class Runner:
                                output_dir=self.run_dir / "output" if spec.keep_output
                                else None,
                                between_batches=between_batches, claim=claim,
-                               generation=gen.number)
+                               generation=gen.number,
+                               begin=lambda batch_id: self.arbiter.begin(gen, batch_id))
         built = time.perf_counter()
         stream = build_stream(self.spark, spec, self.t0, self.run_dir / "source-plan", seed)
         print(f"stream of generation {gen.number} built in "
@@ -391,16 +393,19 @@ class Runner:
         new.start = start
         snap = time.perf_counter()
         op = spec.stateful
-        if op.type == "hft_window":
+        transfer: dict[str, Any] = {}
+        if scheme == "seamless":
+            transfer = self._reseed(spec, old, batch, start, new, gdir)
+            rows, hold = transfer["rows"], None
+        elif op.type == "hft_window":
             rows = replan.write_window_snapshot(self.spark, old.checkpoint, batch, op.key,
-                                                gdir / "snapshot",
-                                                beside_live=scheme == "seamless")
+                                                gdir / "snapshot")
             hold = None
         else:
             rows = replan.write_snapshot(self.spark, old.checkpoint, batch, op.key, op.agg,
-                                         gdir / "snapshot", beside_live=scheme == "seamless")
+                                         gdir / "snapshot")
             hold = gdir / "hold"
-        snapshot_s = time.perf_counter() - snap
+        snapshot_s = transfer.get("snapshot_s", time.perf_counter() - snap)
         self.arbiter.propose(new)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
         self._start_generation(new, spec, Seed(start, gdir / "snapshot", hold))
@@ -431,12 +436,53 @@ class Runner:
         self._adopt(new, spec)
         return {"snapshot_batch": batch, "snapshot_rows": rows,
                 "snapshot_s": round(snapshot_s, 2), "start_offset": start,
+                "transfer_s": round(new_started - started, 2),
+                "seed_s": transfer.get("seed_s"),
                 "overlap_from": new_started if scheme == "seamless" else started,
                 "overlap_to": switched_at,
                 "overlap_s": round(switched_at - new_started, 2)
                 if scheme == "seamless" else 0.0,
                 "catch_up_s": round(switched_at - new_started, 2),
                 "switched_at": switched_at, "discarded_batches": self.arbiter.discarded}
+
+    def _reseed(self, spec: definition.PipelineSpec, old: replan.Generation, batch: int,
+                start: int, new: replan.Generation, gdir: Path) -> dict[str, Any]:
+        """Snapshot the old state and seed the new checkpoint with it in a ``nice 19``
+        process of its own (``reseed.py``), while the old query runs on at full pace;
+        the new query then resumes that checkpoint here."""
+        import subprocess
+
+        job = {"spec": spec.raw, "t0": self.t0, "plan_dir": str(self.run_dir / "source-plan"),
+               "old_checkpoint": str(old.checkpoint), "batch": batch, "start": start,
+               "key": spec.stateful.key, "agg": spec.stateful.agg,
+               "window": spec.stateful.type == "hft_window",
+               "snapshot": str(gdir / "snapshot"), "checkpoint": str(new.checkpoint),
+               "result": str(gdir / "reseed-result.json")}
+        (gdir / "reseed-job.json").write_text(json.dumps(job))
+        env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+        with open(gdir / "reseed.log", "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.reseed",
+                                     str(gdir / "reseed-job.json")], cwd=PROJECT_ROOT,
+                                    env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + replan.CATCH_UP_TIMEOUT_S
+        try:
+            while proc.poll() is None:
+                if self.stop_event.wait(0.2) or time.monotonic() > deadline:
+                    raise replan.ReplanError("the run is stopping" if self.stop_event.is_set()
+                                             else "the state transfer took longer than "
+                                             f"{replan.CATCH_UP_TIMEOUT_S:.0f} s")
+                if not (old.query and old.query.isActive):
+                    raise replan.ReplanError("the old query ended during the transfer")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        if proc.returncode != 0:
+            tail = (gdir / "reseed.log").read_text(errors="replace").strip().splitlines()
+            errors = [ln for ln in tail if "Error" in ln or "Exception" in ln] or tail
+            raise replan.ReplanError(f"the state transfer failed: {errors[-1][:300]}"
+                                     if errors else "the state transfer failed")
+        return json.loads((gdir / "reseed-result.json").read_text())
 
     def _adopt(self, new: replan.Generation, spec: definition.PipelineSpec) -> None:
         """The new generation is the run's query: placement, metrics and commands act

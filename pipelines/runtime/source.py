@@ -11,7 +11,8 @@ Options (strings, as Spark passes them): ``spec`` (the validated definition as J
 replays the same schedule), ``plan_dir`` (optional, below), ``start`` (the first record
 to read, default 0) and ``hold`` (a path: while no file is there the source reports no
 new record). A re-plan's new generation (``replan.py``) reads from the old one's
-committed end and holds until its state snapshot has been loaded in a batch of its own.
+committed end; after a stop-and-restart it holds until its state snapshot has been
+loaded in a batch of its own.
 
 A query that reads the source in several places (a dataflow pipeline joining two
 branches of one source) holds one reader per place, each asked for its latest offset

@@ -1,0 +1,123 @@
+"""A seamless re-plan's state transfer in a process of its own, at the lowest CPU
+priority (``python -m pipelines.runtime.reseed JOB.json``).
+
+Gloss (Rajadurai et al., ASPLOS 2018) §6.2 transfers state asynchronously so the old
+instance keeps its pace. Inside the run's Spark application that is not possible on a
+small cluster: the snapshot read and the new query's first batch (which loads the
+snapshot into the new key groups) take executor slots and CPU for seconds, and the old
+query's batches stretch from 0.65 s to 4 s (measured at 650 K keys on 2 cores). Spark
+cannot lower a task's OS priority, but a process can lower its own: this one runs
+``nice 19`` with a one-core local Spark, so it takes only the CPU the run leaves idle.
+
+It reads the old query's state after batch N (``replan.write_snapshot``), then runs the
+new generation's query (the run's pipeline with the new key groups, ``query.Seed``) on
+its new checkpoint: its first batch merges the snapshot and the records scheduled
+meanwhile, from N's end, into the new layout; further batches catch up until it is
+within ``LEVEL_S`` of the source. The run's application then resumes that checkpoint
+(Spark resumes any query from its checkpoint), so the new generation starts there with
+its state in place and only seconds behind.
+
+JOB keys: spec (the definition), t0, plan_dir, old_checkpoint, batch, start, key (the
+key field), agg, window (true for an HFT window), snapshot, checkpoint, result (a JSON
+file written at the end: rows, snapshot_s, seed_s, end).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pipelines.runtime import definition, replan
+
+NICE = 19
+LEVEL_S = 2.0  # handed to the run's application once this close to the source's schedule
+CATCH_UP_S = 60.0  # or after this long catching up here (the run's query does the rest)
+GAINING = 0.8  # or once a batch ends less than 20 % closer than the one before
+
+
+def reseed(job: dict[str, Any]) -> dict[str, Any]:
+    from pipelines.runtime.query import Seed, build_stream
+    from pipelines.runtime.session import apply_run_conf, build_session
+
+    spec = definition.validate(job["spec"])
+    # No UI: this driver lives seconds and must not take the next UI port or CPU.
+    os.environ["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
+    spark = build_session("local[1]", "streamwise-reseed", 1, "1g")
+    spark.sparkContext.setLogLevel("ERROR")
+    apply_run_conf(spark, spec)
+    # RocksDB then uploads the seeded state as files at the commit: the run's
+    # executors open them, instead of replaying a changelog of every key (CPU the old
+    # query needs).
+    spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                   "false")
+    snapshot, checkpoint = Path(job["snapshot"]), Path(job["checkpoint"])
+    began = time.perf_counter()
+    if job.get("window"):
+        rows = replan.write_window_snapshot(spark, Path(job["old_checkpoint"]),
+                                            int(job["batch"]), job["key"], snapshot)
+    else:
+        rows = replan.write_snapshot(spark, Path(job["old_checkpoint"]), int(job["batch"]),
+                                     job["key"], job["agg"], snapshot)
+    snapshot_s = time.perf_counter() - began
+    seeded = time.perf_counter()
+    stream = build_stream(spark, spec, float(job["t0"]), Path(job["plan_dir"]),
+                          Seed(int(job["start"]), snapshot, None))
+    level = threading.Event()
+    lags: list[int] = []  # records behind the schedule after each batch
+    schedule, t0 = spec.schedule(), float(job["t0"])
+
+    def on_batch(batch_df: Any, batch_id: int) -> None:
+        # The updates are the old generation's to emit: run (the state must advance),
+        # not kept. Then: is this generation within LEVEL_S of the source's schedule?
+        batch_df.write.format("noop").mode("overwrite").save()
+        now = time.time() - t0
+        behind = schedule.records_by(now) - replan.batch_end(checkpoint, batch_id)
+        # Hand over when close, when no longer gaining (a busy machine leaves this
+        # process too little CPU to catch up: the run's query does it faster), or late.
+        if (behind <= schedule.records_by(now) - schedule.records_by(now - LEVEL_S)
+                or (lags and behind > GAINING * lags[-1])
+                or time.perf_counter() - seeded > CATCH_UP_S):
+            level.set()
+        lags.append(behind)
+
+    # The first batch holds the snapshot and what the source has scheduled since N;
+    # later ones catch up, ending on planned boundaries (source.py).
+    query = (stream.writeStream.foreachBatch(on_batch).outputMode(spec.output_mode)
+             .option("checkpointLocation", str(checkpoint)).start())
+    while not level.wait(0.2):
+        if not query.isActive:
+            raise replan.ReplanError(f"seeding the new key groups failed: "
+                                     f"{query.exception()}")
+    # The batch that may have started since is re-run by the run's query: Spark replays
+    # a logged but uncommitted batch with the same offsets.
+    query.stop()
+    last = replan.last_committed(checkpoint)
+    if last is None:
+        raise replan.ReplanError("seeding the new key groups committed no batch")
+    end = replan.batch_end(checkpoint, last)
+    spark.stop()
+    return {"rows": rows, "snapshot_s": round(snapshot_s, 2),
+            "seed_s": round(time.perf_counter() - seeded, 2), "end": end,
+            "batches": last + 1}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m pipelines.runtime.reseed JOB.json", file=sys.stderr)
+        return 2
+    os.nice(NICE)  # the JVM PySpark starts inherits it
+    job = json.loads(Path(args[0]).read_text())
+    result = reseed(job)
+    tmp = Path(job["result"] + ".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, job["result"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
