@@ -79,11 +79,13 @@ def describe(kind: str, e: dict[str, Any]) -> str:
         return (f"generation {e.get('generation')} ({e.get('key_groups')} key groups) "
                 f"forwards from output batch {e.get('epoch')}")
     if kind == RunnerEvent.REPLAN_DONE:
+        state = (f"state rebuilt from {e.get('snapshot_rows')} replayed records"
+                 if e.get("replayed") else
+                 f"state {e.get('snapshot_rows')} keys read in {e.get('snapshot_s')} s")
         return (f"re-plan {e.get('from_groups')} → {e.get('to_groups')} key groups "
                 f"({e.get('scheme')}): downtime {e.get('downtime_s')} s, disrupted "
                 f"{e.get('disrupted_s')} s, overlap {e.get('overlap_s')} s, catch-up "
-                f"{e.get('catch_up_s')} s, state {e.get('snapshot_rows')} keys read in "
-                f"{e.get('snapshot_s')} s, worst p95 {e.get('worst_p95_ms')} ms")
+                f"{e.get('catch_up_s')} s, {state}, worst p95 {e.get('worst_p95_ms')} ms")
     return e.get("reason") or ", ".join(f"{k}={v}" for k, v in e.items())
 
 

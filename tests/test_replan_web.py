@@ -11,16 +11,15 @@ from control import live
 from tests.conftest import make_pipeline_and_policy
 
 
-def _run(user, definition=None, **fields):
+def _run(user, definition=None, name="web-replan-df", **fields):
     from pipelines import actions
     from pipelines.models import Pipeline, Run
 
     if definition is None:
         pipeline, policy = make_pipeline_and_policy(user, name="web-replan", max_workers=8)
     else:
-        _, policy = make_pipeline_and_policy(user, name="web-replan-policy", max_workers=8)
-        pipeline = actions.save_pipeline(Pipeline(name="web-replan-df", definition=definition),
-                                         user)
+        _, policy = make_pipeline_and_policy(user, name=f"{name}-policy", max_workers=8)
+        pipeline = actions.save_pipeline(Pipeline(name=name, definition=definition), user)
     return Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
                               created_by=user, **{"status": "running", **fields})
 
@@ -61,11 +60,12 @@ def test_a_pipeline_without_a_state_hand_over_is_refused_with_the_reason(local_o
     from pipelines.models import RunEvent
     from pipelines.nexmark import queries
 
-    run = _run(local_operator, definition=queries.definition("Q3", 1000))
+    # Q4 re-stamps auctions with their expiry: their state cannot be rebuilt by a replay.
+    run = _run(local_operator, definition=queries.definition("Q4", 1000))
     client = Client()
     client.force_login(local_operator)
     page = client.get(f"/runs/{run.pk}/").content.decode()
-    assert 'id="replan" disabled' in page and "no state hand-over yet" in page
+    assert 'id="replan" disabled' in page and "re-stamps the event time" in page
     r = client.post(f"/runs/{run.pk}/replan/", {"key_groups": "8", "scheme": "seamless"},
                     follow=True)
     assert "cannot be re-planned" in r.content.decode()
@@ -103,8 +103,11 @@ def test_the_controller_may_want_more_workers_than_key_groups_and_replans_first(
 
     keyed = _run(local_operator, key_groups=2)
     assert loop.loop_policy(keyed.policy_in_force, keyed).max_workers == 8
-    dataflow = _run(local_operator, definition=queries.definition("Q3", 1000), key_groups=2)
+    dataflow = _run(local_operator, definition=queries.definition("Q4", 1000), key_groups=2)
     assert loop.loop_policy(dataflow.policy_in_force, dataflow).max_workers == 2
+    windowed = _run(local_operator, definition=queries.definition("Q5", 1000), key_groups=2,
+                    name="web-replan-q5")
+    assert loop.loop_policy(windowed.policy_in_force, windowed).max_workers == 8
     commands = live.reconfiguration_commands({"workers": 2, "freq_ghz": 2.0},
                                              {"workers": 3, "freq_ghz": 2.0}, "scale", None,
                                              key_groups=2)

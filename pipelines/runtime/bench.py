@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="closed-loop: uniform keys (0: the 2,836-symbol HFT distribution)")
     ap.add_argument("--reconfigs", type=int, default=10,
                     help="replan: reconfigurations per scheme (the same targets for both)")
+    ap.add_argument("--nexmark", default=None,
+                    help="replan: a NEXMark query (e.g. Q5) instead of the keyed count")
     ap.add_argument("--schemes", default=",".join(("seamless", "stop-restart")),
                     help="replan: comma-separated schemes (seamless, stop-restart)")
     ap.add_argument("--capacity", type=float, default=None,
@@ -299,6 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
         if not schemes or set(schemes) - {"seamless", "stop-restart"}:
             raise ValueError("--schemes: seamless and/or stop-restart")
+        if args.nexmark:
+            from pipelines.nexmark import queries
+            from pipelines.runtime import definition, replan
+
+            if args.nexmark.upper() not in queries.QUERIES:
+                raise ValueError(f"--nexmark: one of {', '.join(queries.QUERIES)}")
+            refusal = replan.replan_refusal(definition.validate(
+                queries.definition(args.nexmark, args.rate)))
+            if refusal:
+                raise ValueError(f"--nexmark {args.nexmark}: {refusal}")
         if len([int(x) for x in args.loop_seconds.split(",")]) != 4:
             raise ValueError("--loop-seconds needs four whole numbers")
         if not 2 <= args.groups <= 256 or args.rate <= 0 or min(keys) < 1 or args.steady < 2:
@@ -327,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
 
             result = bench_replan(info.master_url, work, args.redis_url, keys[0], args.rate,
                                   args.reconfigs, args.steady, args.executor_memory,
-                                  schemes)
+                                  schemes, args.nexmark)
         else:
             result = {"benchmark": "scale", "sizes": [
                 bench_scale(info.master_url, work, args.redis_url, k, args.rate, args.groups,

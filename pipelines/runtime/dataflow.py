@@ -150,6 +150,31 @@ class Graph:
                 stack.extend(upstream.inputs)
         return list(seen.values())
 
+    def state_horizon(self, watermark_s: float) -> tuple[float | None, str]:
+        """How far back in event time the query's state reaches at any instant, in
+        seconds (an upper bound: every stateful operator's extent plus a watermark
+        delay each), or None and the reason when it does not end (a key's aggregate
+        over all time, a session, a re-stamped event time). A re-plan rebuilds the
+        state by replaying that far (``replan.replay_start``)."""
+        total = float(watermark_s)
+        for node in self.nodes:
+            p = node.params
+            if node.type == "project" and "event_time" in p:
+                return None, (f"{node.id} re-stamps the event time, so records' event "
+                              "times no longer follow their order")
+            if not node.stateful:
+                continue
+            if node.type in ("keyed_aggregate", "moving_mean"):
+                return None, f"{node.id} ({node.type}) keeps state for all time"
+            if "within" in p:
+                total += abs(p["within"]["upper_s"]) + abs(p["within"]["lower_s"])
+            elif "window" in p:
+                if p["window"].get("size_s") is None:
+                    return None, f"{node.id}'s session windows have no bounded extent"
+                total += p["window"]["size_s"]
+            total += watermark_s
+        return total, ""
+
     def output_lag_ms(self) -> int:
         """How far the sink's results may trail the query's watermark: a stateful
         operator feeding another passes on a watermark held back by what it may still

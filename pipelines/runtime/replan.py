@@ -68,15 +68,38 @@ class ReplanError(Exception):
     """A re-plan that cannot be done (the message says why)."""
 
 
+REPLAY_MARGIN_S = 5.0  # replayed beyond the state horizon (records' event-time jitter)
+
+
 def replan_refusal(spec: Any) -> str | None:
     """Why this pipeline cannot be re-planned live yet, or None."""
     if spec.graph is not None:
-        return ("re-plan covers keyed-aggregate pipelines so far; this dataflow pipeline's "
-                "operators have no state hand-over yet")
+        horizon, why = spec.graph.state_horizon(spec.watermark_s)
+        if horizon is None:
+            return (f"a dataflow pipeline's state is rebuilt by replaying its recent "
+                    f"records, and here that has no bound: {why}")
+        return None
     if spec.stateful.type not in ("keyed_aggregate", "hft_window"):
         return (f"re-plan covers keyed aggregates and HFT windows so far; "
                 f"{spec.stateful.type} has no state hand-over yet")
     return None
+
+
+def replay_start(spec: Any, start: int, t0: float) -> int:
+    """The first record a re-planned dataflow pipeline's new generation reads: its state
+    at ``start`` (every window, join buffer and watermark) depends only on records whose
+    event time lies within the graph's state horizon before ``start``'s, and the
+    generators' event times follow their order (event time = scheduled emission time),
+    so replaying from there rebuilds the state exactly (Gloss §6.2 transfers state; a
+    deterministic, replayable source lets the new instance derive it instead)."""
+    horizon, why = spec.graph.state_horizon(spec.watermark_s)
+    if horizon is None:
+        raise ReplanError(why)
+    import numpy as np
+
+    schedule = spec.schedule()
+    at = float(schedule.emission_times(np.array([start], dtype=np.int64))[0])
+    return max(0, min(start, schedule.records_by(at - horizon - REPLAY_MARGIN_S)))
 
 
 # ------------------------------------------------------------------ offsets

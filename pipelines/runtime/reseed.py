@@ -7,7 +7,8 @@ small cluster: the snapshot read and the new query's first batch (which loads th
 snapshot into the new key groups) take executor slots and CPU for seconds, and the old
 query's batches stretch from 0.65 s to 4 s (measured at 650 K keys on 2 cores). Spark
 cannot lower a task's OS priority, but a process can lower its own: this one runs
-``nice 19`` with a one-core local Spark, so it takes only the CPU the run leaves idle.
+``nice 19`` under Linux's ``SCHED_IDLE`` with a one-core local Spark, so it takes only
+the CPU the run leaves idle.
 
 It reads the old query's state after batch N (``replan.write_snapshot``), then runs the
 new generation's query (the run's pipeline with the new key groups, ``query.Seed``) on
@@ -17,9 +18,13 @@ within ``LEVEL_S`` of the source. The run's application then resumes that checkp
 (Spark resumes any query from its checkpoint), so the new generation starts there with
 its state in place and only seconds behind.
 
-JOB keys: spec (the definition), t0, plan_dir, old_checkpoint, batch, start, key (the
-key field), agg, window (true for an HFT window), snapshot, checkpoint, result (a JSON
-file written at the end: rows, snapshot_s, seed_s, end).
+A dataflow pipeline has no snapshot: its new generation replays the records of its
+state horizon (``replan.replay_start``) in its first batch, up to ``first_end``.
+
+JOB keys: spec (the definition), t0, plan_dir, old_checkpoint, batch, start (the first
+record the new generation reads), first_end (a replay's), key (the key field), agg,
+window (true for an HFT window), snapshot (none for a replay), checkpoint, result (a
+JSON file written at the end: rows, snapshot_s, seed_s, end, batches).
 """
 from __future__ import annotations
 
@@ -54,9 +59,12 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     # query needs).
     spark.conf.set("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
                    "false")
-    snapshot, checkpoint = Path(job["snapshot"]), Path(job["checkpoint"])
+    checkpoint = Path(job["checkpoint"])
+    snapshot = Path(job["snapshot"]) if job.get("snapshot") else None
     began = time.perf_counter()
-    if job.get("window"):
+    if snapshot is None:  # a dataflow pipeline: its state is rebuilt by a replay
+        rows = int(job["first_end"]) - int(job["start"])
+    elif job.get("window"):
         rows = replan.write_window_snapshot(spark, Path(job["old_checkpoint"]),
                                             int(job["batch"]), job["key"], snapshot)
     else:
@@ -65,7 +73,7 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     snapshot_s = time.perf_counter() - began
     seeded = time.perf_counter()
     stream = build_stream(spark, spec, float(job["t0"]), Path(job["plan_dir"]),
-                          Seed(int(job["start"]), snapshot, None))
+                          Seed(int(job["start"]), snapshot, None, job.get("first_end")))
     level = threading.Event()
     lags: list[int] = []  # records behind the schedule after each batch
     schedule, t0 = spec.schedule(), float(job["t0"])
@@ -110,7 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m pipelines.runtime.reseed JOB.json", file=sys.stderr)
         return 2
-    os.nice(NICE)  # the JVM PySpark starts inherits it
+    # The JVM PySpark starts inherits both: SCHED_IDLE runs it only on a CPU nothing
+    # else wants (nice 19 alone still takes a share and preempts on wake-ups).
+    os.nice(NICE)
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux, or not allowed: nice 19 only
+        pass
     job = json.loads(Path(args[0]).read_text())
     result = reseed(job)
     tmp = Path(job["result"] + ".tmp")

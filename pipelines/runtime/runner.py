@@ -392,23 +392,32 @@ class Runner:
         start = replan.batch_end(old.checkpoint, batch)
         new.start = start
         snap = time.perf_counter()
-        op = spec.stateful
         transfer: dict[str, Any] = {}
-        if scheme == "seamless":
-            transfer = self._reseed(spec, old, batch, start, new, gdir)
-            rows, hold = transfer["rows"], None
-        elif op.type == "hft_window":
+        if spec.graph is not None:
+            # No snapshot: the new generation replays the records its state depends on.
+            new.start = replan.replay_start(spec, start, self.t0)
+            seed = Seed(new.start, None, None, first_end=start)
+            rows = start - new.start
+            if scheme == "seamless":
+                transfer = self._reseed(spec, old, batch, seed, new, gdir)
+        elif scheme == "seamless":
+            seed = Seed(start, gdir / "snapshot", None)
+            transfer = self._reseed(spec, old, batch, seed, new, gdir)
+            rows = transfer["rows"]
+        elif spec.stateful.type == "hft_window":
+            op = spec.stateful
             rows = replan.write_window_snapshot(self.spark, old.checkpoint, batch, op.key,
                                                 gdir / "snapshot")
-            hold = None
+            seed = Seed(start, gdir / "snapshot", None)
         else:
+            op = spec.stateful
             rows = replan.write_snapshot(self.spark, old.checkpoint, batch, op.key, op.agg,
                                          gdir / "snapshot")
-            hold = gdir / "hold"
+            seed = Seed(start, gdir / "snapshot", gdir / "hold")
         snapshot_s = transfer.get("snapshot_s", time.perf_counter() - snap)
         self.arbiter.propose(new)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
-        self._start_generation(new, spec, Seed(start, gdir / "snapshot", hold))
+        self._start_generation(new, spec, seed)
         new_started = time.time()
         deadline = new_started + replan.CATCH_UP_TIMEOUT_S
         while not self.arbiter.switched.wait(0.2):
@@ -437,6 +446,7 @@ class Runner:
         return {"snapshot_batch": batch, "snapshot_rows": rows,
                 "snapshot_s": round(snapshot_s, 2), "start_offset": start,
                 "transfer_s": round(new_started - started, 2),
+                "replayed": spec.graph is not None,
                 "seed_s": transfer.get("seed_s"),
                 "overlap_from": new_started if scheme == "seamless" else started,
                 "overlap_to": switched_at,
@@ -446,18 +456,21 @@ class Runner:
                 "switched_at": switched_at, "discarded_batches": self.arbiter.discarded}
 
     def _reseed(self, spec: definition.PipelineSpec, old: replan.Generation, batch: int,
-                start: int, new: replan.Generation, gdir: Path) -> dict[str, Any]:
+                seed: Any, new: replan.Generation, gdir: Path) -> dict[str, Any]:
         """Snapshot the old state and seed the new checkpoint with it in a ``nice 19``
         process of its own (``reseed.py``), while the old query runs on at full pace;
         the new query then resumes that checkpoint here."""
         import subprocess
 
         job = {"spec": spec.raw, "t0": self.t0, "plan_dir": str(self.run_dir / "source-plan"),
-               "old_checkpoint": str(old.checkpoint), "batch": batch, "start": start,
-               "key": spec.stateful.key, "agg": spec.stateful.agg,
-               "window": spec.stateful.type == "hft_window",
-               "snapshot": str(gdir / "snapshot"), "checkpoint": str(new.checkpoint),
+               "old_checkpoint": str(old.checkpoint), "batch": batch, "start": seed.start,
+               "first_end": seed.first_end,
+               "snapshot": str(seed.snapshot) if seed.snapshot else None,
+               "checkpoint": str(new.checkpoint),
                "result": str(gdir / "reseed-result.json")}
+        if spec.graph is None:
+            job.update(key=spec.stateful.key, agg=spec.stateful.agg,
+                       window=spec.stateful.type == "hft_window")
         (gdir / "reseed-job.json").write_text(json.dumps(job))
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
         with open(gdir / "reseed.log", "wb") as log:

@@ -184,12 +184,20 @@ def verify(spec: definition.PipelineSpec, t0: float, checkpoint: Path | str,
     """Check a run's kept output batch by batch; ``progress(done, of)`` hears of each."""
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     report = VerifyReport()
-    if (checkpoint.parent / replan.GENERATIONS_FILE).exists() and spec.graph is None:
+    if (checkpoint.parent / replan.GENERATIONS_FILE).exists():
         epochs, starts, epoch_ends = epoch_ranges(checkpoint.parent, report)
         if not epochs or epochs[0] != 0:
             report.problem("lost", 0, "the re-planned run's output does not start at epoch 0")
             return report
-        if spec.stateful.type == "hft_window":
+        if spec.graph is not None:
+            # The watermark the last epoch ran with: the generation forwarding it.
+            doc = json.loads((checkpoint.parent / replan.GENERATIONS_FILE).read_text())
+            gen = doc["generations"][-1]
+            watermark = batch_watermark_ms(checkpoint.parent / gen["checkpoint"],
+                                           epochs[-1] - gen["epoch_offset"])
+            _verify_reference(spec, t0, epochs, epoch_ends[epochs[-1]], watermark,
+                              output_dir, report, progress)
+        elif spec.stateful.type == "hft_window":
             _verify_hft(spec, t0, epochs, starts, epoch_ends, output_dir, report,
                         spec.schedule(), spec.key_distribution(), progress)
         else:
@@ -209,8 +217,9 @@ def verify(spec: definition.PipelineSpec, t0: float, checkpoint: Path | str,
                        "start; runs that keep output keep their whole log")
         return report
     if spec.graph is not None:
-        _verify_reference(spec, t0, committed, ends, checkpoint, output_dir, report,
-                          progress)
+        _verify_reference(spec, t0, committed, ends[committed[-1]],
+                          batch_watermark_ms(checkpoint, committed[-1]), output_dir,
+                          report, progress)
         return report
     schedule, keys = spec.schedule(), spec.key_distribution()
     starts = {b: ends.get(b - 1, 0) for b in committed}
@@ -246,12 +255,13 @@ def _result_key(row: dict[str, Any], columns: tuple[str, ...] | None) -> str:
 
 
 def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[int],
-                      ends: dict[int, int], checkpoint: Path, output_dir: Path,
+                      end: int, last_watermark_ms: int, output_dir: Path,
                       report: VerifyReport, progress: Progress | None = None) -> None:
     """A dataflow pipeline with a ``reference`` (NEXMark): the rows kept over every
-    committed batch must be, as a multiset, the reference's final result over the events
-    those batches read, behind the watermark the last batch ran with. Rows of windows
-    still open then (a windowed join emits matches at once) are left out of both."""
+    committed batch (a re-planned run's epochs) must be, as a multiset, the reference's
+    final result over the events those batches read (up to ``end``), behind the
+    watermark the last batch ran with. Rows of windows still open then (a windowed join
+    emits matches at once) are left out of both."""
     import collections
 
     from pipelines.nexmark import queries, reference
@@ -262,11 +272,10 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
                        "to check its output against")
         return
     query = spec.reference.split(":", 1)[1]
-    last = committed[-1]
     # Behind the watermark the sink's producer has passed (chained operators lag).
-    watermark = batch_watermark_ms(checkpoint, last) - spec.graph.output_lag_ms()
-    events, _ = scheduled_events(json.dumps(spec.raw, sort_keys=True), 0, ends[last], t0)
-    report.batches, report.records = len(committed), ends[last]
+    watermark = last_watermark_ms - spec.graph.output_lag_ms()
+    events, _ = scheduled_events(json.dumps(spec.raw, sort_keys=True), 0, end, t0)
+    report.batches, report.records = len(committed), end
     columns = queries.RESULT_COLUMNS[query]
     window_ms = reference.WINDOW_S * 1000
     rows: list[dict[str, Any]] = []
