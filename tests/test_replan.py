@@ -88,6 +88,21 @@ def test_a_candidate_ahead_waits_for_the_range_before_its_own(tmp_path: Path) ->
     assert got == [2] and arbiter.claim(old, 2) is None
 
 
+def test_an_aligned_candidate_takes_over_only_after_a_batch_that_began_with_the_old_ones(
+        tmp_path: Path) -> None:
+    # A watermark query emits, in a batch, the windows closed by the batch before: the
+    # new generation's output equals the old one's only after a batch both began alike.
+    old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30), 3: (30, 40)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert [arbiter.claim(old, b) for b in range(2)] == [0, 1]  # [10, 20) forwarded last
+    new = _Gen(1, {0: (0, 20), 1: (20, 30), 2: (30, 40)})  # a replay up to 20 first
+    arbiter.propose(new, aligned=True)
+    assert arbiter.claim(new, 0) is None
+    assert arbiter.claim(new, 1) is None  # level, but its batch before began at 0, not 10
+    assert arbiter.claim(old, 2) == 2
+    assert arbiter.claim(new, 2) == 3  # its batch before, [20, 30), was the old one's too
+
+
 def test_a_generation_is_stopped_only_once_its_forwarded_batches_are_written(
         tmp_path: Path) -> None:
     old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})

@@ -63,13 +63,13 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
     ``seed``: a re-plan's new generation (``replan.py``) reads the source from
     ``seed.start`` and first loads ``seed.snapshot`` (the old generation's state) in a
     batch of its own, while the source holds (``seed.hold``); a dataflow pipeline's
-    replays from ``seed.start`` up to ``seed.first_end`` in its first batch."""
+    replays from ``seed.start``, its first batches ending at ``seed.first_ends``."""
     if spec.graph is not None:
         from pipelines.runtime.dataflow_spark import build_dataflow
 
         if seed is None:
             return build_dataflow(spark, spec, t0, plan_dir)
-        return build_dataflow(spark, spec, t0, plan_dir, seed.start, seed.first_end)
+        return build_dataflow(spark, spec, t0, plan_dir, seed.start, seed.first_ends)
     df = read_stream(spark, GeneratorDataSource, spec, t0, plan_dir,
                      start=seed.start if seed else 0, hold=seed.hold if seed else None)
     # (an HFT seed has no hold: transformWithState loads its initial state in the first
@@ -100,7 +100,7 @@ class Seed:
     start: int
     snapshot: Path | None  # None: a dataflow's state is rebuilt by replaying records
     hold: Path | None
-    first_end: int | None = None  # a replay's first batch ends here (source.py)
+    first_ends: tuple[int, ...] = ()  # a replay's first batches end here (source.py)
 
 
 # The keyed aggregate's state per key, whatever the aggregate: records, sum and max of

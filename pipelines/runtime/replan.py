@@ -102,6 +102,20 @@ def replay_start(spec: Any, start: int, t0: float) -> int:
     return max(0, min(start, schedule.records_by(at - horizon - REPLAY_MARGIN_S)))
 
 
+def replay_ends(checkpoint: Path, batch: int, forwarded_end: int | None,
+                replay_from: int) -> tuple[int, ...]:
+    """Where a replay's first batches end: at the old generation's batch before its last
+    committed one (``batch``), at that batch's end, and at the end of what it forwarded
+    if that is further (stop-and-restart after an uncommitted batch). Its batches then
+    end where the old one's did, so at the hand-over both have the same watermark and
+    have emitted the same windows: a watermark's output depends on the batch before."""
+    ends = [batch_end(checkpoint, batch - 1)] if batch > 0 else []
+    ends.append(batch_end(checkpoint, batch))
+    if forwarded_end is not None:
+        ends.append(forwarded_end)
+    return tuple(sorted({e for e in ends if e > replay_from}))
+
+
 # ------------------------------------------------------------------ offsets
 def generator_offset(offsets_text: str) -> int | None:
     """Our source's offset in one entry of a checkpoint's offset log (its source lines
@@ -195,6 +209,9 @@ class Arbiter:
         self.active = first.number
         self.candidate: int | None = None
         self.candidate_range: tuple[int, int] | None = None  # the batch it is computing
+        self.aligned = False  # the candidate takes over only after a batch aligned...
+        self.candidate_prev: int | None = None  # ... with the old one's: their starts
+        self.forwarded_from: int | None = None  # the start of the last forwarded range
         self.misses = 0  # the old one's waits for the candidate that ended in vain
         self.forwarded_end: int | None = None
         self.last_epoch = -1
@@ -229,9 +246,11 @@ class Arbiter:
                     if left <= 0:
                         break
                     self.cond.wait(left)
+                previous, self.candidate_prev = self.candidate_prev, start
                 if (self.candidate == gen.number and self.forwarded_end is not None
-                        and start == self.forwarded_end < end):
-                    return self._switch(gen, batch, end)
+                        and start == self.forwarded_end < end
+                        and (not self.aligned or previous == self.forwarded_from)):
+                    return self._switch(gen, batch, start, end)
                 return self._discard()
             if gen.number != self.active:
                 return self._discard()
@@ -246,7 +265,7 @@ class Arbiter:
                 if gen.number != self.active:  # the candidate took this range over
                     return self._discard()
             epoch = batch + (gen.epoch_offset or 0)
-            self.forwarded_end = end
+            self.forwarded_from, self.forwarded_end = start, end
             self.last_epoch = max(self.last_epoch, epoch)
             self.writing.setdefault(gen.number, set()).add(batch)
             self.last_forwarded[gen.number] = batch
@@ -258,13 +277,13 @@ class Arbiter:
         self.cond.notify_all()
         return None
 
-    def _switch(self, gen: Generation, batch: int, end: int) -> int:
+    def _switch(self, gen: Generation, batch: int, start: int, end: int) -> int:
         old = self.generations[self.active]
         old.last_batch = self.last_epoch - (old.epoch_offset or 0)
         gen.epoch_offset = self.last_epoch + 1 - batch
         gen.first_batch = batch
         self.active, self.candidate, self.candidate_range = gen.number, None, None
-        self.forwarded_end = end
+        self.forwarded_from, self.forwarded_end = start, end
         self.last_epoch += 1
         self.switched_at = time.time()
         self.writing.setdefault(gen.number, set()).add(batch)
@@ -296,11 +315,13 @@ class Arbiter:
                 self.cond.wait(left)
             return True
 
-    def propose(self, gen: Generation) -> None:
-        """``gen`` takes over once it offers the batch the forwarded output ends at."""
+    def propose(self, gen: Generation, aligned: bool = False) -> None:
+        """``gen`` takes over once it offers the batch the forwarded output ends at
+        (``aligned``: and its batch before began where the forwarded one before did)."""
         with self.cond:
             self.generations[gen.number] = gen
             self.candidate, self.candidate_range, self.misses = gen.number, None, 0
+            self.aligned, self.candidate_prev = aligned, None
             self.switched.clear()
             self.switched_at = None
             self.discarded = 0

@@ -19,10 +19,10 @@ within ``LEVEL_S`` of the source. The run's application then resumes that checkp
 its state in place and only seconds behind.
 
 A dataflow pipeline has no snapshot: its new generation replays the records of its
-state horizon (``replan.replay_start``) in its first batch, up to ``first_end``.
+state horizon (``replan.replay_start``) in its first batches, ending at ``first_ends``.
 
 JOB keys: spec (the definition), t0, plan_dir, old_checkpoint, batch, start (the first
-record the new generation reads), first_end (a replay's), key (the key field), agg,
+record the new generation reads), first_ends (a replay's), key (the key field), agg,
 window (true for an HFT window), snapshot (none for a replay), checkpoint, result (a
 JSON file written at the end: rows, snapshot_s, seed_s, end, batches).
 """
@@ -63,7 +63,7 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     snapshot = Path(job["snapshot"]) if job.get("snapshot") else None
     began = time.perf_counter()
     if snapshot is None:  # a dataflow pipeline: its state is rebuilt by a replay
-        rows = int(job["first_end"]) - int(job["start"])
+        rows = int(job["first_ends"][-1]) - int(job["start"])
     elif job.get("window"):
         rows = replan.write_window_snapshot(spark, Path(job["old_checkpoint"]),
                                             int(job["batch"]), job["key"], snapshot)
@@ -73,7 +73,8 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     snapshot_s = time.perf_counter() - began
     seeded = time.perf_counter()
     stream = build_stream(spark, spec, float(job["t0"]), Path(job["plan_dir"]),
-                          Seed(int(job["start"]), snapshot, None, job.get("first_end")))
+                          Seed(int(job["start"]), snapshot, None,
+                               tuple(job.get("first_ends") or ())))
     level = threading.Event()
     lags: list[int] = []  # records behind the schedule after each batch
     schedule, t0 = spec.schedule(), float(job["t0"])

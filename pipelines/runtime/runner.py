@@ -389,6 +389,11 @@ class Runner:
         gdir.mkdir(parents=True)
         batch = replan.last_committed(old.checkpoint)
         assert batch is not None
+        forwarded = self.arbiter.last_forwarded.get(old.number)
+        if scheme == "stop-restart" and forwarded is not None and forwarded < batch:
+            # A batch it ran after being retired was discarded but committed: hand over
+            # the state at the end of what was forwarded, or that range would be lost.
+            batch = forwarded
         start = replan.batch_end(old.checkpoint, batch)
         new.start = start
         snap = time.perf_counter()
@@ -396,7 +401,9 @@ class Runner:
         if spec.graph is not None:
             # No snapshot: the new generation replays the records its state depends on.
             new.start = replan.replay_start(spec, start, self.t0)
-            seed = Seed(new.start, None, None, first_end=start)
+            seed = Seed(new.start, None, None,
+                        replan.replay_ends(old.checkpoint, batch,
+                                           self.arbiter.forwarded_end, new.start))
             rows = start - new.start
             if scheme == "seamless":
                 transfer = self._reseed(spec, old, batch, seed, new, gdir)
@@ -408,14 +415,17 @@ class Runner:
             op = spec.stateful
             rows = replan.write_window_snapshot(self.spark, old.checkpoint, batch, op.key,
                                                 gdir / "snapshot")
-            seed = Seed(start, gdir / "snapshot", None)
+            seed = Seed(start, gdir / "snapshot", None, self._up_to_forwarded(start))
         else:
             op = spec.stateful
             rows = replan.write_snapshot(self.spark, old.checkpoint, batch, op.key, op.agg,
                                          gdir / "snapshot")
-            seed = Seed(start, gdir / "snapshot", gdir / "hold")
+            seed = Seed(start, gdir / "snapshot", gdir / "hold",
+                        self._up_to_forwarded(start))
         snapshot_s = transfer.get("snapshot_s", time.perf_counter() - snap)
-        self.arbiter.propose(new)
+        # A watermark's output (windows closing) depends on where the batch before began:
+        # a dataflow generation takes over only after a batch aligned with the old one's.
+        self.arbiter.propose(new, aligned=spec.graph is not None)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
         self._start_generation(new, spec, seed)
         new_started = time.time()
@@ -455,6 +465,14 @@ class Runner:
                 "catch_up_s": round(switched_at - new_started, 2),
                 "switched_at": switched_at, "discarded_batches": self.arbiter.discarded}
 
+    def _up_to_forwarded(self, start: int) -> tuple[int, ...]:
+        """After a stop whose last forwarded batch was not committed, the new generation
+        re-reads that range as one batch (discarded), so that its next begins where the
+        forwarded output ends (a batch covering both would be neither forwarded nor
+        waited for)."""
+        end = self.arbiter.forwarded_end
+        return (end,) if end is not None and end > start else ()
+
     def _reseed(self, spec: definition.PipelineSpec, old: replan.Generation, batch: int,
                 seed: Any, new: replan.Generation, gdir: Path) -> dict[str, Any]:
         """Snapshot the old state and seed the new checkpoint with it in a ``nice 19``
@@ -464,7 +482,7 @@ class Runner:
 
         job = {"spec": spec.raw, "t0": self.t0, "plan_dir": str(self.run_dir / "source-plan"),
                "old_checkpoint": str(old.checkpoint), "batch": batch, "start": seed.start,
-               "first_end": seed.first_end,
+               "first_ends": list(seed.first_ends),
                "snapshot": str(seed.snapshot) if seed.snapshot else None,
                "checkpoint": str(new.checkpoint),
                "result": str(gdir / "reseed-result.json")}

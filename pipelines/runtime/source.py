@@ -13,7 +13,8 @@ to read, default 0) and ``hold`` (a path: while no file is there the source repo
 new record). A re-plan's new generation (``replan.py``) reads from the old one's
 committed end; after a stop-and-restart it holds until its state snapshot has been
 loaded in a batch of its own. A re-planned dataflow pipeline's generation replays from
-earlier (``first_end``: its first batch ends at the old one's committed end).
+earlier (``first_ends``: its first batches end where the old one's last two batches
+ended, so that from there on its watermark and what it has emitted are the old one's).
 
 A query that reads the source in several places (a dataflow pipeline joining two
 branches of one source) holds one reader per place, each asked for its latest offset
@@ -93,7 +94,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
         self.plan_dir = Path(options["plan_dir"]) if options.get("plan_dir") else None
         self.start = int(options.get("start") or 0)
         self.hold = Path(options["hold"]) if options.get("hold") else None
-        self.first_end = int(options["first_end"]) if options.get("first_end") else None
+        self.first_ends = [int(e) for e in (options.get("first_ends") or "").split(",") if e]
 
     def initialOffset(self) -> dict:
         return {"offset": self.start}
@@ -110,11 +111,12 @@ class GeneratorStreamReader(DataSourceStreamReader):
         begin = int(start["offset"])
         if self.hold is not None and not self.hold.exists():
             return {"offset": begin}
-        if self.first_end is not None and begin < self.first_end:
+        pending = [e for e in self.first_ends if e > begin]
+        if pending:
             # A replay (a re-planned dataflow's state rebuilt from earlier records) ends
-            # its first batch where the old query's last committed batch ended: from
-            # there on it meets the planned boundaries.
-            return {"offset": self.first_end}
+            # its first batches where the old query's last batches ended: from there on
+            # it meets the planned boundaries.
+            return {"offset": pending[0]}
         if isinstance(limit, ReadAllAvailable):
             end = max(begin, available)
         else:
@@ -219,7 +221,7 @@ class GeneratorDataSource(DataSource):
 def source_options(spec: definition.PipelineSpec, t0: float,
                    plan_dir: Path | str | None = None, start: int = 0,
                    hold: Path | str | None = None,
-                   first_end: int | None = None) -> dict[str, str]:
+                   first_ends: tuple[int, ...] = ()) -> dict[str, str]:
     options = {"spec": json.dumps(spec.raw, sort_keys=True), "t0": repr(t0)}
     if plan_dir is not None:
         options["plan_dir"] = str(plan_dir)
@@ -227,8 +229,8 @@ def source_options(spec: definition.PipelineSpec, t0: float,
         options["start"] = str(start)
     if hold is not None:
         options["hold"] = str(hold)
-    if first_end is not None:
-        options["first_end"] = str(first_end)
+    if first_ends:
+        options["first_ends"] = ",".join(str(e) for e in first_ends)
     return options
 
 
@@ -241,13 +243,14 @@ PERCENTILE_ACCURACY = 10_000
 def read_stream(spark: SparkSession, data_source: type[GeneratorDataSource],
                 spec: definition.PipelineSpec, t0: float,
                 plan_dir: Path | str | None = None, start: int = 0,
-                hold: Path | str | None = None, first_end: int | None = None) -> DataFrame:
+                hold: Path | str | None = None,
+                first_ends: tuple[int, ...] = ()) -> DataFrame:
     """The source's records as a stream. The schema given here spares a Python round
     trip on the driver at query start."""
     spark.dataSource.register(data_source)
     return (spark.readStream.format(data_source.source_name)
             .schema(data_source.source_schema)
-            .options(**source_options(spec, t0, plan_dir, start, hold, first_end)).load())
+            .options(**source_options(spec, t0, plan_dir, start, hold, first_ends)).load())
 
 
 def observe_latency(df: DataFrame) -> DataFrame:
