@@ -40,21 +40,32 @@ def _runner(tmp_path: Path, cluster: Any, doc: dict, name: str) -> RunnerProcess
                          token=f"t{name}", max_workers=2, initial_workers=2)
 
 
+def _up_and_down(run: RunnerProcess, warm: int, up: int, down: int
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """After ``warm`` batches: seamless to ``up`` groups, then stop-and-restart to
+    ``down``, with batches between and after."""
+    run.wait_batches(warm)
+    seamless = _replan(run, up, "seamless")
+    run.wait_batches(4)
+    restart = _replan(run, down, "stop-restart")
+    run.wait_batches(4)
+    return seamless, restart
+
+
+def _print_facts(seamless: dict[str, Any], restart: dict[str, Any]) -> None:
+    print(json.dumps({k: {f: a.get(f) for f in (
+        "overlap_s", "catch_up_s", "transfer_s", "snapshot_rows", "downtime_s",
+        "disrupted_s", "bucket_s", "discarded_batches")}
+        for k, a in (("seamless", seamless), ("stop-restart", restart))}))
+
+
 def test_key_groups_change_on_a_running_query_with_exactly_once_output(
         tmp_path: Path, spark_cluster: Any) -> None:
     run = _runner(tmp_path, spark_cluster, MEAN, "replan")
     with run:
-        run.wait_batches(6)
-        seamless = _replan(run, 12, "seamless")
-        run.wait_batches(3)
-        restart = _replan(run, 4, "stop-restart")
-        run.wait_batches(3)
+        seamless, restart = _up_and_down(run, 6, 12, 4)
         kinds = [e["type"] for e in run.events]
-    print(json.dumps({k: {f: a.get(f) for f in ("overlap_s", "catch_up_s", "transfer_s",
-                                                  "snapshot_rows",
-                                                  "downtime_s", "disrupted_s", "bucket_s",
-                                                  "discarded_batches")}
-                      for k, a in (("seamless", seamless), ("stop-restart", restart))}))
+    _print_facts(seamless, restart)
     assert kinds.count("replan_switched") == 2 and "replan_failed" not in kinds
     # The new query ran beside the old one (seamless) and the old one's output stopped
     # before the new one's began (stop-and-restart).
@@ -109,14 +120,8 @@ def test_a_nexmark_window_query_is_replanned_by_replaying_its_state_horizon(
     doc = queries.definition("Q5", 500, key_groups=4)
     run = _runner(tmp_path, spark_cluster, doc, "q5")
     with run:
-        run.wait_batches(8)
-        seamless = _replan(run, 8, "seamless")
-        run.wait_batches(4)
-        restart = _replan(run, 2, "stop-restart")
-        run.wait_batches(6)
-    print(json.dumps({k: {f: a.get(f) for f in ("overlap_s", "transfer_s", "snapshot_rows",
-                                                  "downtime_s", "disrupted_s")}
-                      for k, a in (("seamless", seamless), ("stop-restart", restart))}))
+        seamless, restart = _up_and_down(run, 8, 8, 2)
+    _print_facts(seamless, restart)
     assert seamless["snapshot_rows"] > 0  # records replayed
     assert {m["generation"] for m in run.metrics} == {0, 1, 2}
     report = verify.verify(definition.validate(doc), run.t0, run.work / "checkpoint",
