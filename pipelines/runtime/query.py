@@ -200,22 +200,17 @@ class LatencySink:
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.batch_lock:
             started = time.time()
-            if self.claim is None:
-                epoch: int | None = batch_id
-                rows = (self._discard(batch_df) if self.output_dir is None
-                        else self._keep(batch_df.toArrow(), batch_id))
+            if self.begin is not None:
+                self.begin(batch_id)
+            # Computed first, claimed then: with two generations on the same range the
+            # first to finish forwards it (replan.Arbiter).
+            if self.output_dir is None:
+                rows = self._discard(batch_df)
+                epoch = self.claim(batch_id) if self.claim is not None else batch_id
             else:
-                # Computed first, claimed then: with two generations on the same range
-                # the first to finish forwards it (replan.Arbiter).
-                if self.begin is not None:
-                    self.begin(batch_id)
-                if self.output_dir is None:
-                    rows = self._discard(batch_df)
-                    epoch = self.claim(batch_id)
-                else:
-                    table = batch_df.toArrow()
-                    epoch = self.claim(batch_id)
-                    rows = self._keep(table, epoch) if epoch is not None else table.num_rows
+                table = batch_df.toArrow()
+                epoch = self.claim(batch_id) if self.claim is not None else batch_id
+                rows = self._keep(table, epoch) if epoch is not None else table.num_rows
             committed = time.time()
             if self.between_batches is not None and epoch is not None:
                 self.between_batches(batch_id)

@@ -24,7 +24,8 @@ state horizon (``replan.replay_start``) in its first batches, ending at ``first_
 JOB keys: spec (the definition), t0, plan_dir, old_checkpoint, batch, start (the first
 record the new generation reads), first_ends (a replay's), key (the key field), agg,
 window (true for an HFT window), snapshot (none for a replay), checkpoint, result (a
-JSON file written at the end: rows, snapshot_s, seed_s, end, batches).
+JSON file written at the end: rows (of the snapshot; none for a replay), snapshot_s,
+seed_s, end, batches).
 """
 from __future__ import annotations
 
@@ -62,12 +63,11 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     checkpoint = Path(job["checkpoint"])
     snapshot = Path(job["snapshot"]) if job.get("snapshot") else None
     began = time.perf_counter()
-    if snapshot is None:  # a dataflow pipeline: its state is rebuilt by a replay
-        rows = int(job["first_ends"][-1]) - int(job["start"])
-    elif job.get("window"):
+    rows: int | None = None  # a dataflow pipeline's state is rebuilt by a replay
+    if snapshot is not None and job.get("window"):
         rows = replan.write_window_snapshot(spark, Path(job["old_checkpoint"]),
                                             int(job["batch"]), job["key"], snapshot)
-    else:
+    elif snapshot is not None:
         rows = replan.write_snapshot(spark, Path(job["old_checkpoint"]), int(job["batch"]),
                                      job["key"], job["agg"], snapshot)
     snapshot_s = time.perf_counter() - began
