@@ -76,6 +76,7 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
                           Seed(int(job["start"]), snapshot, None,
                                tuple(job.get("first_ends") or ())))
     level = threading.Event()
+    handover_after: list[int] = []  # the batch after whose commit the run takes over
     lags: list[int] = []  # records behind the schedule after each batch
     schedule, t0 = spec.schedule(), float(job["t0"])
 
@@ -89,7 +90,8 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
         # process too little CPU to catch up: the run's query does it faster), or late.
         if (behind <= schedule.records_by(now) - schedule.records_by(now - LEVEL_S)
                 or (lags and behind > GAINING * lags[-1])
-                or time.perf_counter() - seeded > CATCH_UP_S):
+                or time.perf_counter() - seeded > CATCH_UP_S) and not level.is_set():
+            handover_after.append(batch_id)
             level.set()
         lags.append(behind)
 
@@ -97,10 +99,23 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     # later ones catch up, ending on planned boundaries (source.py).
     query = (stream.writeStream.foreachBatch(on_batch).outputMode(spec.output_mode)
              .option("checkpointLocation", str(checkpoint)).start())
+
+    def failed() -> replan.ReplanError:
+        return replan.ReplanError(f"seeding the new key groups failed: {query.exception()}")
+
     while not level.wait(0.2):
         if not query.isActive:
-            raise replan.ReplanError(f"seeding the new key groups failed: "
-                                     f"{query.exception()}")
+            raise failed()
+    # The decision is taken inside the batch, before Spark commits it: stopping now
+    # could abort that commit (a slow first batch would leave nothing seeded).
+    def committed() -> int:
+        last = replan.last_committed(checkpoint)
+        return -1 if last is None else last
+
+    while committed() < handover_after[0]:
+        if not query.isActive:
+            raise failed()
+        time.sleep(0.05)
     # The batch that may have started since is re-run by the run's query: Spark replays
     # a logged but uncommitted batch with the same offsets.
     query.stop()
