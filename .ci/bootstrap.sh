@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install what Streamwise needs on a fresh Debian machine: Java, Redis, the Python venv
-# (and, with --test, Chromium + ChromeDriver and PostgreSQL). Idempotent and quiet when
+# (and, with --test, Chromium + ChromeDriver, PostgreSQL and iproute2). Idempotent and quiet when
 # everything is already there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +15,8 @@ if [ "$want_test" = 1 ]; then
   [ -x /usr/bin/chromium ] || pkgs+=(chromium)
   [ -x /usr/bin/chromedriver ] || pkgs+=(chromium-driver)
   command -v pg_ctlcluster >/dev/null 2>&1 || pkgs+=(postgresql)
+  # `ip netns`: the multi-host test's extra hosts (tests/netns.py)
+  command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
 fi
 if [ ${#pkgs[@]} -gt 0 ]; then
   echo "bootstrap: installing ${pkgs[*]}"

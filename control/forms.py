@@ -60,11 +60,14 @@ class PolicyForm(forms.ModelForm):
         return url
 
     def clean_max_workers(self) -> int:
+        from pipelines.cluster_status import cluster_cores
+
         n = self.cleaned_data["max_workers"]
-        if n > settings.CLUSTER_CORES:
+        cores, source = cluster_cores()
+        if n > cores:
             raise forms.ValidationError(
-                f"At most {settings.CLUSTER_CORES}: the Spark cluster offers "
-                f"{settings.CLUSTER_CORES} cores and every worker is a 1-core executor.")
+                f"At most {cores}: the Spark cluster offers {cores} cores ({source}) and "
+                "every worker is a 1-core executor.")
         return n
 
     def clean(self) -> dict:

@@ -40,7 +40,7 @@ SAMPLE_FIELDS = ("batch_id", "input_rows", "records", "input_rate", "scheduled_r
                  "groups", "migration")
 # Per-group arrays of a runner record, kept together as a sample's ``groups``.
 GROUP_FIELDS = ("placement", "ran_on", "group_bytes", "group_ms", "group_records",
-                "operator_bytes")
+                "operator_bytes", "executor_hosts")
 
 
 def group_name(run_id: int) -> str:

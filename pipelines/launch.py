@@ -87,7 +87,8 @@ STANDBY_SPAWN_LOCK = "streamwise:standby:spawning"
 
 
 def _runner_env() -> dict[str, str]:
-    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, SPARK_LOCAL_IP=settings.SPARK_DRIVER_HOST,
+               SPARK_DRIVER_HOST=settings.SPARK_DRIVER_HOST, PYTHONUNBUFFERED="1")
     env.pop("DJANGO_SETTINGS_MODULE", None)  # the runner has no Django
     if settings.SPARK_MASTER_URL == "embedded":
         # The embedded cluster's shared secret (spark.authenticate); for another cluster

@@ -18,5 +18,6 @@ urlpatterns = [
     path("runs/<int:pk>/dry-run/", views.run_dry_run, name="run-dry-run"),
     path("runs/<int:pk>/verify/", views.run_verify, name="run-verify"),
     path("runs/<int:pk>/policy-version/", views.run_policy_version, name="run-policy-version"),
+    path("cluster/", views.cluster_page, name="cluster"),
     path("retention/", views.retention_page, name="retention"),
 ]

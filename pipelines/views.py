@@ -262,6 +262,20 @@ def run_dry_run(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
+def cluster_page(request: HttpRequest) -> HttpResponse:
+    """The Spark master's workers (hosts, cores, memory) and which runs' executors are
+    on each (issue: runs beyond one machine)."""
+    from pipelines import cluster_status
+
+    overview = cluster_status.overview()
+    cores, source = cluster_status.cluster_cores()
+    workers = [{"status": w, "runs": overview.runs_on(w.host)} for w in overview.workers]
+    return render(request, "pipelines/cluster.html",
+                  {"cluster": overview, "workers": workers, "cores": cores,
+                   "cores_source": source})
+
+
+@login_required
 def retention_page(request: HttpRequest) -> HttpResponse:
     """What Streamwise keeps and for how long, and what the next hourly pass would
     delete (admins: the same people as the admin site)."""

@@ -66,6 +66,9 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
         # The placement panel: one worker holds every key group, verified per batch.
         rows = browser.find_elements(By.CSS_SELECTOR, "#placement tbody tr[data-worker]")
         assert len(rows) == 1 and "0, 1, 2, 3" in rows[0].text
+        # Each executor is named with its host (here the embedded worker's loopback).
+        assert rows[0].get_attribute("data-host") == "127.0.0.1"
+        assert "on 127.0.0.1" in rows[0].text
         assert browser.find_element(By.ID, "frequency-label").text != "—"
         assert browser.find_element(By.ID, "power-label").text == "modelled"
 

@@ -53,6 +53,7 @@ class Groups(TypedDict):
     group_ms: list[float | None] | None
     group_records: list[int | None] | None
     operator_bytes: list[OperatorBytes] | None
+    executor_hosts: NotRequired[dict[str, str] | None]  # executor id -> its host
 
 
 class Sample(TypedDict):

@@ -1,6 +1,7 @@
 """Streamwise settings. Everything that differs between machines comes from the
 environment: DATABASE_URL (default SQLite under var/), REDIS_URL, SPARK_MASTER_URL
-("embedded" = the cluster `manage.py up` starts), CHECKPOINT_ROOT, SECRET_KEY, DEBUG."""
+("embedded" = the cluster `manage.py up` starts), SPARK_MASTER_WEB_URL, SPARK_DRIVER_HOST,
+CHECKPOINT_ROOT, SECRET_KEY, DEBUG."""
 from __future__ import annotations
 
 import hashlib
@@ -171,7 +172,8 @@ CELERY_BEAT_SCHEDULE = {
     "control-tick": {"task": "control.tasks.control_tick_all", "schedule": 1.0,
                      "options": {"expires": 2.0}},
 }
-# Cores the embedded Spark worker offers (1-core executors): a policy cannot ask for more.
+# Cores the embedded Spark worker offers (1-core executors); also what a policy may ask
+# for when the master's JSON API does not answer (pipelines/cluster_status.py).
 CLUSTER_CORES = int(os.environ.get("CLUSTER_CORES", "8"))
 
 # Alert webhooks (control/webhooks.py): public addresses only, except these hosts (an
@@ -184,6 +186,12 @@ WEBHOOK_SECRET = os.environ.get("WEBHOOK_SECRET") or hashlib.sha256(
 WEBHOOK_DEADLINE_S = float(os.environ.get("WEBHOOK_DEADLINE_S", "10"))
 
 SPARK_MASTER_URL = os.environ.get("SPARK_MASTER_URL", "embedded")
+# Another cluster's master web UI (its JSON API lists workers, cores and memory: the
+# Cluster page and the policy form's maximum workers); default http://MASTER-HOST:8080.
+SPARK_MASTER_WEB_URL = os.environ.get("SPARK_MASTER_WEB_URL", "")
+# The address executors on other hosts reach each run's driver at (and the driver binds
+# to): loopback is right only while every worker runs on this machine.
+SPARK_DRIVER_HOST = os.environ.get("SPARK_DRIVER_HOST", "127.0.0.1")
 SPARK_DIR = Path(os.environ.get("SPARK_DIR", VAR_DIR / "spark"))
 CHECKPOINT_ROOT = Path(os.environ.get("CHECKPOINT_ROOT", VAR_DIR / "checkpoints"))
 EXECUTOR_MEMORY = os.environ.get("EXECUTOR_MEMORY", "512m")

@@ -240,6 +240,8 @@ class BatchMetrics:
             "operator_bytes": [{"operator": label, "bytes": op.bytes}
                                for label, op in zip(labels, operators, strict=True)],
             "failed_tasks": tasks.failed_tasks,
+            # Where each executor that ran a group lives: the placement card names it.
+            "executor_hosts": {t.executor: t.host for t in tasks.tasks.values() if t.host},
             "migration": ({"id": active.id, "reason": active.reason,
                            "strategy": active.strategy, "steps": len(active.steps),
                            "applied": active.next_step} if active is not None

@@ -177,6 +177,7 @@ class MetricsRecord(TypedDict):
     # Per key group (index = group), from the batch's stateful tasks:
     placement: NotRequired[list[str | None]]
     ran_on: NotRequired[list[str | None]]
+    executor_hosts: NotRequired[dict[str, str]]  # executor id -> its host
     drift: NotRequired[int]
     group_moves: NotRequired[int]
     group_ms: NotRequired[list[int | None]]

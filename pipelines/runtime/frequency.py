@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -152,10 +153,36 @@ def process_table() -> dict[int, tuple[int, list[str]]]:
     return table
 
 
+def is_local_address(host: str) -> bool:
+    """Whether ``host`` names this machine (one of its addresses can be bound). An
+    executor elsewhere cannot be throttled from here: its processes are another host's."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_DGRAM)
+    except OSError:
+        return False
+    for family, kind, _proto, _name, address in infos:
+        try:
+            with socket.socket(family, kind) as s:
+                s.bind((address[0], 0))
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _argv_value(argv: list[str], flag: str) -> str | None:
+    try:
+        return argv[argv.index(flag) + 1]
+    except (ValueError, IndexError):
+        return None
+
+
 def executor_processes(app_id: str) -> dict[str, list[int]]:
     """Executor id -> pids of its JVM and every descendant (the PySpark daemon and
     Python workers do the Python source's and operator's work), for one application's
-    executors on this machine."""
+    executors on this machine: those whose host is one of its addresses (a process
+    listed here but bound to another host's address, as in a network namespace, is
+    that host's)."""
     table = process_table()
     children: dict[int, list[int]] = {}
     for pid, (ppid, _argv) in table.items():
@@ -164,9 +191,9 @@ def executor_processes(app_id: str) -> dict[str, list[int]]:
     for pid, (_ppid, argv) in table.items():
         if "CoarseGrainedExecutorBackend" not in " ".join(argv) or app_id not in argv:
             continue
-        try:
-            executor = argv[argv.index("--executor-id") + 1]
-        except (ValueError, IndexError):
+        executor = _argv_value(argv, "--executor-id")
+        host = _argv_value(argv, "--hostname")
+        if executor is None or (host is not None and not is_local_address(host)):
             continue
         tree, todo = [], [pid]
         while todo:

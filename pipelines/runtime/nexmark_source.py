@@ -60,7 +60,11 @@ def _setup(spec_json: str) -> tuple[Any, gen.NexmarkConfig]:
 def scheduled_events(spec_json: str, start: int, end: int, t0: float
                      ) -> tuple[list[dict[str, Any]], np.ndarray]:
     """Events ``[start, end)`` of a run (started at ``t0``) and their emission times."""
-    schedule, config = _setup(spec_json)
+    return events_between(*_setup(spec_json), start, end, t0)
+
+
+def events_between(schedule: Any, config: gen.NexmarkConfig, start: int, end: int,
+                   t0: float) -> tuple[list[dict[str, Any]], np.ndarray]:
     emit = schedule.emission_times(np.arange(start, end, dtype=np.int64)) + t0
     events = [gen.event(n, config, timestamp_ms=math.floor(float(t) * 1000.0))
               for n, t in zip(range(start, end), emit)]
@@ -86,11 +90,15 @@ def to_arrow(start: int, events: list[dict[str, Any]], emit: np.ndarray) -> pa.R
 
 
 class NexmarkStreamReader(GeneratorStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.nexmark = _setup(self.spec_json)  # travels with the reader, like workload
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         for a in range(partition.start, partition.end, CHUNK_ROWS):
             b = min(a + CHUNK_ROWS, partition.end)
-            events, emit = scheduled_events(self.spec_json, a, b, self.t0)
+            events, emit = events_between(*self.nexmark, a, b, self.t0)
             yield to_arrow(a, events, emit)
 
 

@@ -143,6 +143,7 @@ class TaskRecord:
     locality: str
     status: str
     attempt: int
+    host: str = ""  # the executor's host, as Spark's status store names it
 
 
 @dataclass
@@ -235,7 +236,8 @@ class SparkRest:
                             run_ms=int(metrics.get("executorRunTime") or 0),
                             records=int(shuffle.get("recordsRead") or 0),
                             locality=str(t.get("taskLocality") or ""),
-                            status=str(t["status"]), attempt=int(t.get("attempt") or 0))
+                            status=str(t["status"]), attempt=int(t.get("attempt") or 0),
+                            host=str(t.get("host") or ""))
         return result
 
 

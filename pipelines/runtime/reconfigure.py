@@ -375,10 +375,17 @@ class Reconfigurer:
             return False, str(exc), {}
         self.freq_ghz = applied
         label = self.frequency_label()
+        # Both actuators act on this machine only (cpufreq files, signalled pids): an
+        # executor on another host keeps its clock, and the answer says which.
+        remote = {e: self._host(e) for e in self.runner.executors_now()
+                  if not frequency.is_local_address(self._host(e))}
         self.bus.publish_event(RunnerEvent.FREQUENCY_CHANGED, ghz=applied, requested=ghz,
-                               source=label)
-        return True, f"CPU frequency {applied} GHz ({label})", {"ghz": applied,
-                                                                 "source": label}
+                               source=label, unavailable_on=remote)
+        message = f"CPU frequency {applied} GHz ({label})"
+        if remote:
+            message += ("; unavailable on other hosts, where executors keep their clock: " +
+                        ", ".join(f"executor {e} on {h}" for e, h in sorted(remote.items())))
+        return True, message, {"ghz": applied, "source": label, "unavailable_on": remote}
 
     def frequency_label(self) -> str:
         """Where the reported frequency comes from: the DVFS actuator or the emulation

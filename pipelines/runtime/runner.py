@@ -11,7 +11,9 @@ CONFIG keys: run_id, bus_key, redis_url, master_url, checkpoint_dir, definition,
 initial_workers, max_workers, executor_memory; elastic runtime: planner, tau,
 migration_schedule, gap_batches (defaults for reconfigurations), locality_wait (Spark's
 ``spark.locality.wait``), enforce_placement (false: the table only follows where Spark
-ran each group — Spark's default behaviour, the benchmarks' baseline).
+ran each group — Spark's default behaviour, the benchmarks' baseline); driver_host (the
+address executors on other hosts reach the driver at; default ``$SPARK_DRIVER_HOST`` or
+loopback).
 
 This module is the runner's lifecycle (session, query, heartbeat, command intake, stop);
 its two other concerns live beside it, each on its own thread:
@@ -73,6 +75,7 @@ class RunnerConfig:
     gap_batches: int = 0
     locality_wait: str | None = None
     enforce_placement: bool = True  # False: Spark places groups itself (the baseline)
+    driver_host: str | None = None  # where executors reach the driver (session.driver_host)
 
     @classmethod
     def load(cls, path: str) -> RunnerConfig:
@@ -173,7 +176,7 @@ class Runner:
         else:
             self.spark = build_session(cfg.master_url, f"streamwise-run-{cfg.run_id}",
                                        cfg.max_workers, cfg.executor_memory,
-                                       cfg.locality_wait)
+                                       cfg.locality_wait, cfg.driver_host)
         apply_run_conf(self.spark, self.spec)
         self.spark.sparkContext.setLogLevel("WARN")
         from pipelines.runtime.executors import ExecutorControl

@@ -10,7 +10,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from control.workload import data_root
 from pipelines.runtime import definition
 from pipelines.runtime.cluster import SECRET_ENV, read_secret
 
@@ -27,20 +26,34 @@ STATE_STORE_PROVIDERS = {
 }
 
 
+def driver_host() -> str:
+    """The address executors reach the driver at: ``$SPARK_DRIVER_HOST``, else loopback
+    (right only while every worker runs on this machine)."""
+    return os.environ.get("SPARK_DRIVER_HOST") or "127.0.0.1"
+
+
 def build_session(master_url: str, app_name: str, max_workers: int,
-                  executor_memory: str, locality_wait: str | None = None) -> Any:
+                  executor_memory: str, locality_wait: str | None = None,
+                  host: str | None = None) -> Any:
     """A SparkSession on the cluster with what every run needs (1-core executors,
     decommissioning, no AQE); what differs between pipelines is set by
-    ``apply_run_conf`` (runtime SQL confs), so a standby's session fits any run."""
+    ``apply_run_conf`` (runtime SQL confs), so a standby's session fits any run.
+
+    The driver binds to ``host`` (default :func:`driver_host`), where executors on
+    other hosts connect. Executors need no file of this machine: the project's code is
+    on PYTHONPATH (every worker host runs the same installation, as PySpark needs the
+    same Python there), and the data files a definition names are read here and travel
+    inside the source's reader (``source.GeneratorStreamReader``)."""
     from pyspark.sql import SparkSession
 
+    host = host or driver_host()
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["SPARK_LOCAL_IP"] = host
     builder = (
         SparkSession.builder.master(master_url)
         .appName(app_name)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", host)
+        .config("spark.driver.bindAddress", host)
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.ui.killEnabled", "false")  # no kill links on the driver's UI
         .config("spark.cores.max", str(max_workers))
@@ -48,7 +61,6 @@ def build_session(master_url: str, app_name: str, max_workers: int,
         .config("spark.executor.memory", executor_memory)
         .config("spark.pyspark.python", sys.executable)
         .config("spark.executorEnv.PYTHONPATH", str(PROJECT_ROOT))
-        .config("spark.executorEnv.STREAMWISE_DATA_ROOT", str(data_root()))
         .config("spark.sql.adaptive.enabled", "false")
         # A live re-plan runs a second query (and its state snapshot) beside the first
         # in a pool of its own (runner.Runner._hand_over): FAIR shares the executors

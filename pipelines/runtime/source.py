@@ -95,6 +95,10 @@ class GeneratorStreamReader(DataSourceStreamReader):
         self.start = int(options.get("start") or 0)
         self.hold = Path(options["hold"]) if options.get("hold") else None
         self.first_ends = [int(e) for e in (options.get("first_ends") or "").split(",") if e]
+        # The reader is made on the driver's host and pickled to every task: the
+        # schedule and key distribution (read from the data files there) travel with
+        # it, so an executor on another host needs none of this machine's files.
+        self.workload = _workload(self.spec_json)
 
     def initialOffset(self) -> dict:
         return {"offset": self.start}
@@ -103,7 +107,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
         return ReadMaxRows(self.max_rows)
 
     def _available(self) -> int:
-        schedule, _, _ = _workload(self.spec_json)
+        schedule, _, _ = self.workload
         return schedule.records_by(time.time() - self.t0)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -188,7 +192,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
-        schedule, keys, seed = _workload(self.spec_json)
+        schedule, keys, seed = self.workload
         for a in range(partition.start, partition.end, CHUNK_ROWS):
             b = min(a + CHUNK_ROWS, partition.end)
             r = workload.generate(seed, a, b, schedule, keys, self.t0)

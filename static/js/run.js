@@ -205,7 +205,9 @@
       const ms = mine.reduce((a, i) => a + ((g.group_ms || [])[i] || 0), 0);
       const tr = document.createElement("tr");
       tr.dataset.worker = w;
-      const swatch = `\u25A0 executor ${w}`;
+      if ((g.executor_hosts || {})[w]) tr.dataset.host = g.executor_hosts[w];
+      const host = (g.executor_hosts || {})[w];
+      const swatch = `\u25A0 executor ${w}` + (host ? ` on ${host}` : "");
       cell(tr, swatch);
       tr.firstChild.style.color = colour[w];
       cell(tr, mine.join(", "));
@@ -233,6 +235,7 @@
     health.textContent = `batch ${s.batch_id}: ${s.drift || 0} groups off placement, ` +
       `${s.group_moves || 0} moved since the previous batch, ${s.failed_tasks || 0} failed tasks`;
     probe.placement = { batch: s.batch_id, workers: workers.length, placement: placement,
+      hosts: g.executor_hosts || {},
       operators: (g.operator_bytes || []).map((op) => op.operator) };
   }
 
