@@ -124,11 +124,18 @@ class LabForm(forms.Form):
     parameters = forms.CharField(
         required=False, initial="{}", widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
         help_text='Per strategy name, e.g. {"lat-node": {"alpha": 3, "forecaster": "ma3"}}.')
+    calibrate_from = forms.TypedChoiceField(
+        required=False, coerce=int, empty_value=None, label="Calibrate from run",
+        help_text="Replaces the workload, service time, mode, step, bound and worker range "
+                  "by what this run measured (its batch model and arrival rate): a policy "
+                  "made from the result can steer live runs.")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.fields["strategies"].choices = [(k, k) for k in lab.PRESETS]
         self.fields["strategies"].initial = list(lab.DEFAULT_PRESETS)
+        # A callable: read when the field is drawn or given a run, not for every form.
+        self.fields["calibrate_from"].choices = _calibration_choices
         self.scenario: dict | None = None
 
     def clean_parameters(self) -> dict:
@@ -190,6 +197,12 @@ class LabForm(forms.Form):
                        "rebalancer": "flux" if data["max_workers"] <= 64 else "balanced"},
             "strategies": specs,
         }
+        if data.get("calibrate_from") is not None:
+            try:
+                scenario = lab.calibrated_scenario(scenario, data["calibrate_from"])
+            except sim.ScenarioError as exc:
+                self.add_error("calibrate_from", str(exc))
+                return data
         try:
             scn = sim.parse_scenario(scenario)
             for i, spec in enumerate(specs):
@@ -200,6 +213,10 @@ class LabForm(forms.Form):
             return data
         self.scenario = scenario
         return data
+
+
+def _calibration_choices() -> list[tuple[object, str]]:
+    return [("", "— none: the workload above —"), *lab.runs_to_calibrate_from()]
 
 
 def _field_for(message: str) -> str | None:

@@ -10,13 +10,15 @@ import time
 import zipfile
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from audit import log as audit
-from control import live, sim
-from control.sim import engine
+from control import live, policies, sim
+from control.sim import engine, from_run
 from control.models import MAX_WORKERS_LIMIT, LabRun, LabStatus, Policy
 from pipelines.queue import Task, enqueue
+from pipelines.runtime.power import NOMINAL_GHZ, modelled_power
 
 # The presets offered in the form: the thesis' grid (Table 7.2 strategies, NoSw and
 # Sw h = 1..3) and the baselines.
@@ -30,6 +32,9 @@ for _name in sim.RULES:
 DEFAULT_PRESETS = ("lat-node Sw h=1", "lat-node NoSw", "lat-power Sw h=1", "th-rule",
                    "lat-rule", "peak-load")
 PROGRESS_EVERY_S = 0.2
+# The bound of a policy made from an uncalibrated comparison: a micro-batch run's p95 is
+# seconds (the batch overhead alone is ~1 s here), never the thesis' 1.5 ms.
+DEFAULT_LIVE_BOUND_MS = 10_000.0
 SERIES_FIELDS = list(engine.StepRecord.__dataclass_fields__)
 SUMMARY_FIELDS = list(engine.SUMMARY_FIELDS)
 
@@ -133,18 +138,67 @@ def _spec_for(lab: LabRun, label: str) -> dict | None:
     return None
 
 
+def runs_to_calibrate_from(limit: int = 30) -> list[tuple[int, str]]:
+    """The newest runs with enough batches to calibrate a comparison, as form choices."""
+    from django.db.models import Count
+
+    from pipelines.models import Run
+
+    runs = (Run.objects.filter(started_at__isnull=False)
+            .select_related("pipeline_version__pipeline").annotate(batches=Count("samples"))
+            .filter(batches__gte=from_run.MIN_BATCHES + live.WARMUP_BATCHES)
+            .order_by("-pk")[:limit])
+    return [(r.pk, f"#{r.pk} {r.pipeline_version.pipeline.name} ({r.status}, "
+                   f"{r.batches} batches)") for r in runs]
+
+
+def calibrated_scenario(scenario: dict[str, Any], run_id: int) -> dict[str, Any]:
+    """``scenario`` calibrated from run ``run_id``: its batches fit the micro-batch model,
+    its arrival rate is the trace, its policy version gives the bound, the worker range
+    and the control step. ``sim.ScenarioError`` says why a run cannot calibrate."""
+    from pipelines.models import Run
+
+    run = Run.objects.filter(pk=run_id).select_related("policy").first()
+    if run is None:
+        raise sim.ScenarioError(f"run {run_id} does not exist")
+    policy = run.policy_in_force
+    rows = run.samples.order_by("batch_id").values(
+        "t", "batch_id", "input_rows", "batch_duration_ms", "workers", "frequency_ghz",
+        "failed_tasks", "migration", "scheduled_rate", "input_rate")
+    batches = [{**r, "t": r["t"].timestamp()} for r in rows]
+    fit = from_run.fit_run(run.pk, batches, float(policy.control_step_s),
+                           [float(f) for f in run.frequencies or []])
+    return from_run.apply_fit(scenario, fit, float(policy.latency_bound_ms),
+                              int(policy.min_workers), int(policy.max_workers),
+                              int(policy.initial_workers))
+
+
+def _peak_config(row: dict[str, Any]) -> tuple[int, float] | None:
+    """The most powerful (workers, GHz) a compared strategy used."""
+    series = row.get("series", {})
+    pairs = [(int(n), float(f)) for n, f in zip(series.get("workers", []),
+                                                series.get("freq_ghz", []), strict=False)
+             if n is not None and f is not None]
+    return max(pairs, key=lambda c: modelled_power(*c)) if pairs else None
+
+
 def policy_from_lab(lab: LabRun, label: str, user: Any) -> tuple[Policy | None, str]:
-    """A Policy with the strategy and parameters of one compared strategy, the lab's
-    bound and worker range, and a power budget 10 % above the modelled peak it drew."""
+    """A Policy with the strategy and parameters of one compared strategy that a live run
+    can use, checked as the policy form checks (the cluster's cores, the strategy's
+    parameters): no setting a live run cannot meet.
+
+    A comparison calibrated from a run is in that run's units: the policy takes its
+    bound, worker range and control step, and a power budget 10 % above the live power
+    model's watts (Eq. 6.11, modelled) at the most powerful configuration the strategy
+    chose. An uncalibrated comparison is in the thesis' units (a 1.5 ms bound, the
+    simulator's watts): the policy takes the strategy and its parameters, and the
+    bound, budget and worker range a new policy starts with, said in the message."""
+    from pipelines.cluster_status import cluster_cores
+
     spec = _spec_for(lab, label)
     row = next((r for r in (lab.result or {}).get("results", []) if r["label"] == label), None)
     if spec is None or row is None:
         return None, f"lab {lab.pk} has no result for {label!r}"
-    system = lab.scenario.get("system", {})
-    qos = lab.scenario.get("qos", {})
-    max_workers = min(int(system.get("max_workers", 12)), MAX_WORKERS_LIMIT)
-    min_workers = min(int(system.get("min_workers", 1)), max_workers)
-    power = [p for p in row["series"]["power_w"] if p is not None]
     # Only what the closed loop takes (the simulator's Kingman-only knobs stay in the lab).
     allowed = live.PARAMS.get(spec["name"], ())
     params = {k: v for k, v in spec.items() if k in allowed}
@@ -153,20 +207,48 @@ def policy_from_lab(lab: LabRun, label: str, user: Any) -> tuple[Policy | None, 
     while Policy.objects.filter(name=name).exists():
         n += 1
         name = f"{base}-{n}"
+    cores = min(cluster_cores()[0], MAX_WORKERS_LIMIT)
+    calibrated = lab.scenario.get("calibrated_from")
+    if calibrated:
+        system, qos = lab.scenario.get("system", {}), lab.scenario.get("qos", {})
+        max_workers = max(1, min(int(system.get("max_workers", 1)), cores))
+        min_workers = min(int(system.get("min_workers", 1)), max_workers)
+        peak = _peak_config(row) or (max_workers, max(system.get("freqs_ghz") or [NOMINAL_GHZ]))
+        values = {
+            "latency_bound_ms": float(qos["latency_bound_ms"]),
+            "power_budget_w": round(1.1 * modelled_power(min(peak[0], max_workers), peak[1]),
+                                    1),
+            "control_step_s": float(lab.scenario.get("step_s", 2.0)),
+            "min_workers": min_workers, "max_workers": max_workers,
+            "initial_workers": min(max(min_workers, int(system.get("initial_workers", 1))),
+                                   max_workers)}
+        said = (f"calibrated from run {calibrated['run']}: its bound, worker range and "
+                "control step; power budget 10 % above the modelled watts of the strategy's "
+                "most powerful configuration")
+    else:
+        defaults = {f: Policy._meta.get_field(f).default for f in
+                    ("control_step_s", "min_workers", "max_workers", "initial_workers")}
+        max_workers = min(int(defaults["max_workers"]), cores)
+        values = {**defaults, "max_workers": max_workers,
+                  "min_workers": min(int(defaults["min_workers"]), max_workers),
+                  "initial_workers": min(int(defaults["initial_workers"]), max_workers),
+                  "latency_bound_ms": DEFAULT_LIVE_BOUND_MS,
+                  "power_budget_w": round(1.1 * modelled_power(max_workers, NOMINAL_GHZ), 1)}
+        said = ("the comparison ran in the simulator's units, so the bound "
+                f"({DEFAULT_LIVE_BOUND_MS:g} ms), budget and worker range are a new "
+                "policy's defaults: edit them, or calibrate a comparison from a run")
     policy = Policy(
         name=name, description=f"From Strategy Lab comparison {lab.pk} ({lab.name}): "
-                               f"{label}. Power budget from the modelled peak.",
-        latency_bound_ms=max(1.0, float(qos.get("latency_bound_ms", 1.5))),
-        power_budget_w=round(1.1 * max(power), 1) if power else 100.0,
-        control_step_s=max(0.5, float(lab.scenario.get("step_s", 1.0))),
-        min_workers=min_workers, max_workers=max_workers,
-        initial_workers=min(max(min_workers, int(system.get("initial_workers", min_workers))),
-                            max_workers),
-        strategy=spec["name"], strategy_params=params, created_by=user)
+                               f"{label}; {said}.",
+        strategy=spec["name"], strategy_params=params, **values)
     try:
+        # What the policy form checks beyond the model (the worker range is clamped to
+        # the cluster's cores above): the closed loop's own parameter checks.
         policy.full_clean()
-    except Exception as exc:  # noqa: BLE001 - shown to the operator as a message
-        return None, f"could not create the policy: {exc}"
-    policy.save()
-    policy.current_version(user)
-    return policy, f"Policy {policy.name} created from {label}."
+        if policy.strategy != "manual":
+            live.check_params(policy.strategy, dict(params))
+    except (ValidationError, live.LoopError) as exc:
+        reason = "; ".join(exc.messages) if isinstance(exc, ValidationError) else str(exc)
+        return None, f"could not create a policy from {label}: {reason}"
+    policy = policies.save_policy(policy, user)
+    return policy, f"Policy {policy.name} created from {label} ({said})."

@@ -114,6 +114,9 @@ class StepObservation:
     power_w: float | None
     backlog: int  # records available but not yet read
     failed_tasks: int
+    # Whether power_w was read (RAPL): a modelled power is the model the prediction
+    # uses, and its error against itself says nothing (issue 20).
+    power_measured: bool = False
 
 
 @dataclass
@@ -341,7 +344,9 @@ def observe(records: list[dict[str, Any]], previous: dict[str, Any] | None) -> S
         batch_s=statistics.fmean(durations) if durations else None,
         workers=int(last.get("workers") or 1), freq_ghz=float(last.get("frequency_ghz") or 0),
         power_w=statistics.fmean(power) if power else None, backlog=int(backlog),
-        failed_tasks=sum(r.get("failed_tasks") or 0 for r in records))
+        failed_tasks=sum(r.get("failed_tasks") or 0 for r in records),
+        power_measured=bool(power) and all(r.get("power_source") == "measured"
+                                           for r in records if r.get("power_w") is not None))
 
 
 def keyed_imbalance(placement: list[str | None], loads: list[float]) -> float:
@@ -548,7 +553,9 @@ class LiveController:
         return []
 
     def _score(self, obs: StepObservation) -> dict[str, Any]:
-        """Measured vs what the last step predicted for this one (model feedback)."""
+        """Measured vs what the last step predicted for this one (model feedback). Power
+        is scored only when it was measured: a modelled reading is the prediction's own
+        model, and its "error" would be about 0 %."""
         out: dict[str, Any] = {}
         pred = self.last_prediction
         if pred is None:
@@ -557,6 +564,9 @@ class LiveController:
                               ("power", obs.power_w)):
             predicted = pred.get({"latency": "latency_s", "throughput": "throughput",
                                   "power": "power_w"}[key])
+            if key == "power" and not obs.power_measured:
+                out[key] = {"predicted": predicted, "measured": None, "modelled": measured}
+                continue
             out[key] = {"predicted": predicted, "measured": measured}
             if measured and predicted is not None and math.isfinite(predicted) and measured > 0:
                 self.errors[key].append(abs(predicted - measured) / measured * 100.0)

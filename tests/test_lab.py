@@ -83,7 +83,12 @@ def test_execute_bundle_and_policy(operator) -> None:
     policy, message = lab.policy_from_lab(run, "lat-node Sw h=1", operator)
     assert policy is not None, message
     assert policy.strategy == "lat-node" and policy.strategy_params == {"horizon": 1}
-    assert policy.max_workers == 12 and policy.latency_bound_ms == 1.5
+    # The comparison ran in the thesis' units: a policy a live run can meet, said so.
+    from pipelines.cluster_status import cluster_cores
+
+    assert "simulator's units" in message
+    assert policy.latency_bound_ms == lab.DEFAULT_LIVE_BOUND_MS
+    assert policy.max_workers == min(2, cluster_cores()[0]) and policy.min_workers == 1
     assert lab.policy_from_lab(run, "nope", operator)[0] is None
     assert Policy.objects.count() == 1
 
@@ -146,3 +151,121 @@ def test_lab_in_the_browser_runs_on_celery(live_stack, operator, browser) -> Non
               browser.find_elements(By.CSS_SELECTOR, "#lab-summary tbody tr")]
     assert values == sorted(values)
     browser.save_screenshot(str(live_stack.logs / "lab-result.png"))
+
+
+def _batches(overhead_s: float, cost_s: float, n: int = 80, f_max: float = 2.4,
+             jitter: float = 0.02) -> list[dict]:
+    """Batches of a run whose batch time is D = o + c·N·f_max/(n·f) (with a deterministic
+    ±jitter), rates alternating low/high every ten batches, on 1 and 2 workers."""
+    out, t, d = [], 0.0, overhead_s
+    for i in range(n):
+        rate = 2000.0 if (i // 10) % 2 == 0 else 6000.0
+        workers = 1 + (i // 20) % 2
+        freq = f_max if i % 3 else 0.8 * f_max
+        rows = int(rate * d)
+        d = (overhead_s + cost_s * rows * f_max / (workers * freq)) \
+            * (1 + jitter * (1 if i % 2 else -1))
+        t += d
+        out.append({"t": 1_000.0 + t, "batch_id": i, "input_rows": rows,
+                    "batch_duration_ms": d * 1000, "workers": workers, "frequency_ghz": freq,
+                    "scheduled_rate": rate, "input_rate": rate * 0.9, "failed_tasks": 0,
+                    "migration": None})
+    return out
+
+
+def test_a_runs_batches_give_back_its_batch_model_and_its_rates() -> None:
+    import numpy as np
+
+    from control.live import WARMUP_BATCHES
+    from control.sim import ScenarioError, from_run, parse_scenario
+
+    batches = _batches(overhead_s=1.2, cost_s=2e-4)
+    fit = from_run.fit_run(7, batches, step_s=2.0, freqs_ghz=[1.2, 2.4])
+    # Reference: a least-squares line through the same steady batches.
+    steady = [b for b in batches if b["batch_id"] >= WARMUP_BATCHES]
+    x = [b["input_rows"] * 2.4 / (b["workers"] * b["frequency_ghz"]) for b in steady]
+    slope, intercept = np.polyfit(x, [b["batch_duration_ms"] / 1000 for b in steady], 1)
+    assert fit.slope_measured and fit.batches == len(steady)
+    assert fit.overhead_s == pytest.approx(intercept) and fit.overhead_s == pytest.approx(1.2, 0.05)
+    assert fit.cost_per_record_s == pytest.approx(slope) and slope == pytest.approx(2e-4, 0.05)
+    assert fit.freqs_ghz == [1.2, 1.92, 2.4] and fit.f_max == 2.4
+    # Each 2-s step carries the scheduled rate of the batches committed in it.
+    assert set(fit.rates) <= {2000.0, 6000.0} and {2000.0, 6000.0} <= set(fit.rates)
+    assert len(fit.rates) == int((batches[-1]["t"] - batches[0]["t"]) // 2.0) + 1
+
+    scenario = from_run.apply_fit({"strategies": [{"name": "lat-node"}]}, fit, 8000, 1, 4, 1)
+    scn = parse_scenario(scenario)
+    assert scn.system.mode == "microbatch" and scn.system.batch_overhead_s == fit.overhead_s
+    assert scn.latency_bound_s == 8.0 and scn.system.max_workers == 4
+    assert scn.steps == len(fit.rates) and list(scn.rates) == fit.rates
+    assert scenario["calibrated_from"]["run"] == 7
+
+    with pytest.raises(ScenarioError, match="a calibration needs 12"):
+        from_run.fit_run(7, batches[:WARMUP_BATCHES + 5], step_s=2.0)
+    no_rates = [{**b, "scheduled_rate": None, "input_rate": None} for b in batches]
+    with pytest.raises(ScenarioError, match="no arrival rate"):
+        from_run.fit_run(7, no_rates, step_s=2.0)
+
+
+@pytest.mark.django_db
+def test_a_comparison_calibrated_from_a_run_makes_a_policy_a_live_run_can_use(operator) -> None:
+    from datetime import UTC, datetime
+
+    from control import lab
+    from control.forms import LabForm, PolicyForm
+    from control.models import LabRun
+    from pipelines.cluster_status import cluster_cores
+    from pipelines.models import MetricSample, Run
+    from pipelines.runtime.power import modelled_power
+    from tests.conftest import make_pipeline_and_policy
+
+    pipeline, policy = make_pipeline_and_policy(operator, name="calib", max_workers=2)
+    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                             status="stopped", created_by=operator, workers=1,
+                             frequencies=[1.2, 2.4], started_at=datetime.now(UTC))
+    MetricSample.objects.bulk_create(
+        MetricSample(run=run, t=datetime.fromtimestamp(b.pop("t"), UTC), **b)
+        for b in _batches(overhead_s=1.0, cost_s=1e-4))
+    form = LabForm({**FORM, "calibrate_from": str(run.pk)})
+    assert (run.pk, f"#{run.pk} calib (stopped, 80 batches)") in \
+        list(form.fields["calibrate_from"].choices)
+    assert form.is_valid(), form.errors
+    scenario = form.scenario
+    assert scenario["system"]["mode"] == "microbatch"
+    assert scenario["qos"]["latency_bound_ms"] == 5000 and scenario["system"]["max_workers"] == 2
+    assert scenario["calibrated_from"]["overhead_s"] == pytest.approx(1.0, 0.05)
+    labrun = LabRun.objects.create(name="calibrated", scenario=scenario, created_by=operator,
+                                   total=2 * scenario["steps"])
+    assert lab.execute(labrun.pk) == f"lab {labrun.pk} done"
+    labrun.refresh_from_db()
+    made, message = lab.policy_from_lab(labrun, "lat-node Sw h=1", operator)
+    assert made is not None, message
+    assert f"calibrated from run {run.pk}" in message
+    assert made.latency_bound_ms == 5000 and made.control_step_s == policy.control_step_s
+    assert made.max_workers == min(2, cluster_cores()[0])
+    row = next(r for r in labrun.result["results"] if r["label"] == "lat-node Sw h=1")
+    peak = max(modelled_power(n, f) for n, f in zip(row["series"]["workers"],
+                                                    row["series"]["freq_ghz"], strict=True))
+    assert made.power_budget_w == pytest.approx(1.1 * peak, abs=0.06)
+    # What the policy page would accept, unchanged.
+    data = {f: getattr(made, f) for f in PolicyForm.Meta.fields}
+    data["strategy_params"] = json.dumps(made.strategy_params)
+    data["name"] = "copy"
+    assert PolicyForm(data).is_valid()
+    page = lab_detail_html(operator, labrun.pk)
+    assert "Calibrated from" in page and f"run #{run.pk}" in page
+
+    # A run with too few batches is not offered.
+    short = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                               status="stopped", created_by=operator,
+                               started_at=datetime.now(UTC))
+    form = LabForm({**FORM, "calibrate_from": str(short.pk)})
+    assert not form.is_valid() and "Select a valid choice" in str(form.errors)
+
+
+def lab_detail_html(user, pk: int) -> str:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client.get(f"/lab/{pk}/").content.decode()

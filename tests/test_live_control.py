@@ -100,7 +100,22 @@ def test_mpc_scales_up_with_the_rate_and_back_down() -> None:
     d = decisions[8]
     assert len(d.predictions) == 2 and d.cost["total"] > 0 and d.solve_ms < 1000
     assert d.model_error["mape"]["latency"] is not None
+    # The fake's power is the model's own: no error is claimed for it.
+    assert d.model_error["mape"]["power"] is None
+    assert d.model_error["last"]["power"]["measured"] is None
+    assert d.model_error["last"]["power"]["modelled"] > 0
     json.dumps(d.as_dict(), allow_nan=False)  # storable as-is
+
+
+def test_power_is_scored_only_when_measured() -> None:
+    ctl = live.LiveController(_policy("lat-node", params={"horizon": 1}))
+    engine, cur = Fake(), Config(1, F_MAX)
+    for _ in range(8):
+        records = engine.records(1000, cur, 4.0)
+        for r in records:  # a RAPL reading 20 % above the model
+            r.update(power_w=1.2 * r["power_w"], power_source="measured")
+        d = ctl.step(records, cur)
+    assert d.model_error["mape"]["power"] == pytest.approx(100 * 0.2 / 1.2, rel=0.01)
 
 
 def test_the_power_budget_is_never_exceeded_and_its_cost_is_said() -> None:

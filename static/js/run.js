@@ -302,7 +302,10 @@
     const m = d.mape || {};
     document.getElementById("model-error").textContent =
       `model error (MAPE over the run): latency ${fmt(m.latency, 1)} %, throughput ` +
-      `${fmt(m.throughput, 1)} %, power ${fmt(m.power, 1)} %` +
+      `${fmt(m.throughput, 1)} %, ` +
+      (m.power === null || m.power === undefined
+        ? "power not measured (modelled: no error to show)"
+        : `power ${fmt(m.power, 1)} %`) +
       (m.latency > 50 ? " — treat predictions with caution" : "");
     scheduleRedraw();
   }
