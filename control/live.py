@@ -15,6 +15,10 @@ p95 latency is (1 + 0.95)·o/(1-rho)·e, with e the feedback factor of Eq. 6.10 
 over predicted latency, last three steps). Power is the runner's modelled Eq. 6.11, so a
 prediction and the chart speak of the same watts.
 
+Inputs (issue 20): rule strategies and DS2 read the workers' measured busy time (task
+times per key group, ``measured_busy``) and the source's backlog; the fitted model only
+where a prediction is needed (the MPC's horizon, pipelines without keyed tasks).
+
 Hard limits (issue 7): the worker range and the power budget. MPC strategies never see an
 over-budget configuration as affordable (``MpcProblem.power_budget_w``); rules and static
 strategies are clamped to the nearest configuration within the budget. When no
@@ -117,6 +121,9 @@ class StepObservation:
     # Whether power_w was read (RAPL): a modelled power is the model the prediction
     # uses, and its error against itself says nothing (issue 20).
     power_measured: bool = False
+    # Mean busy fraction of the workers over the step, from the keyed tasks' measured
+    # times (None: the runner reported no per-group task times).
+    busy: float | None = None
 
 
 @dataclass
@@ -311,6 +318,29 @@ class BatchModel:
         return min(rate, workers * freq / (self.cost_s * f_max))
 
 
+def measured_busy(records: list[dict[str, Any]], previous: dict[str, Any] | None,
+                  workers: int) -> float | None:
+    """Mean busy fraction of ``workers`` over the step: the task time each executor spent
+    on key groups (``group_ms`` on ``ran_on``, measured by the runner from Spark's REST
+    API) over the step's wall time. Measured, so it includes what the batch model counts
+    as per-batch overhead inside tasks; idle workers count as 0."""
+    first = previous["t"] if previous is not None else \
+        records[0]["t"] - (records[0].get("batch_duration_ms") or 0) / 1000.0
+    span_ms = (records[-1]["t"] - first) * 1000.0
+    busy_ms = 0.0
+    seen = False
+    for r in records:
+        times, ran_on = r.get("group_ms"), r.get("ran_on") or r.get("placement")
+        if not times or not ran_on:
+            continue
+        seen = True
+        busy_ms += sum(t for t, e in zip(times, ran_on, strict=False)
+                       if t is not None and e is not None)
+    if not seen or span_ms <= 0 or workers < 1:
+        return None
+    return min(busy_ms / (workers * span_ms), 1.0)
+
+
 def observe(records: list[dict[str, Any]], previous: dict[str, Any] | None) -> StepObservation:
     """A control step's observation from the runner's metrics records since the last
     tick (``previous``: the last record of the step before, for rates)."""
@@ -346,7 +376,8 @@ def observe(records: list[dict[str, Any]], previous: dict[str, Any] | None) -> S
         power_w=statistics.fmean(power) if power else None, backlog=int(backlog),
         failed_tasks=sum(r.get("failed_tasks") or 0 for r in records),
         power_measured=bool(power) and all(r.get("power_source") == "measured"
-                                           for r in records if r.get("power_w") is not None))
+                                           for r in records if r.get("power_w") is not None),
+        busy=measured_busy(records, previous, int(last.get("workers") or 1)))
 
 
 def keyed_imbalance(placement: list[str | None], loads: list[float]) -> float:
@@ -643,7 +674,10 @@ class LiveController:
                 wanted = Config(n, p.f_max)
                 reason = f"static: always {n} workers at {p.f_max} GHz"
             else:
-                util = self.model.utilisation(rate, current.workers, current.freq_ghz, p.f_max)
+                # Measured busy time where the runner reports task times; the fitted
+                # model only for pipelines without keyed tasks.
+                util = obs.busy if obs.busy is not None else self.model.utilisation(
+                    rate, current.workers, current.freq_ghz, p.f_max)
                 rule_obs = rules.Observation(
                     rate=rate, throughput=obs.throughput, utilisation=util,
                     latency_s=obs.latency_s if obs.latency_s is not None else 0.0,

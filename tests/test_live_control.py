@@ -355,3 +355,28 @@ def test_a_dry_run_or_a_pending_reconfiguration_sends_nothing(kw, pending, outco
     acted = [(o, m) for a, o, m in ports.stored if a != "hold"]
     assert acted and all(o == outcome and words in m for o, m in acted)
     assert ports.sent == []
+
+
+def test_rules_read_the_measured_busy_time_not_the_model() -> None:
+    # Two workers, each running 3 groups; 4-s batches in which every group's task took
+    # 1.2 s: each worker is busy 3.6 s of 4, 90 %, whatever the batch model says.
+    def batch(i: int) -> dict:
+        return {"batch_id": 30 + i, "t": 100.0 + 4 * i, "input_rows": 400, "records": 400,
+                "batch_duration_ms": 4000, "latency_p95_ms": 7800, "workers": 2,
+                "frequency_ghz": F_MAX, "scheduled_rate": 100, "group_ms": [1200] * 6,
+                "ran_on": ["1", "1", "1", "2", "2", "2"], "placement": ["1"] * 3 + ["2"] * 3}
+
+    records = [batch(i) for i in range(4)]
+    obs = live.observe(records[1:], records[0])
+    assert obs.busy == pytest.approx(0.9)
+    ctl = live.LiveController(_policy("th-rule", params={"theta_max": 0.8, "theta_min": 0.5}))
+    d = ctl.step(records, Config(2, F_MAX))
+    assert d.inputs["busy"] == pytest.approx(0.9, abs=0.05)
+    assert d.inputs["utilisation"] < 0.1  # the model: 100 records/s are nothing
+    assert d.chosen["workers"] == 3, d.reason
+    # No task times (a pipeline without keyed state): the model, as before.
+    plain = [{k: v for k, v in r.items() if k not in ("group_ms", "ran_on", "placement")}
+             for r in records]
+    assert live.observe(plain, None).busy is None
+    d = live.LiveController(_policy("th-rule")).step(plain, Config(2, F_MAX))
+    assert d.chosen["workers"] <= 2
