@@ -42,7 +42,7 @@ from control.planning import PlanningError
 from control.planning import migration as planners
 from control.strategies import RULES, STATICS, mpc, rules
 from control.strategies.controller import MpcController
-from control.strategies.mpc import Config
+from control.strategies.mpc import Config, TransitionModel
 
 MPC_STRATEGIES = tuple(sorted(mpc.THESIS_STRATEGIES))
 RULE_STRATEGIES = RULES
@@ -62,6 +62,8 @@ MIN_OVERHEAD_SHARE = 0.3
 # is already over, and fitting them reads the warm-up trend as a steep per-record cost
 # (o ~0.2 s, 2 workers predicted 5x faster). Both wait for WARMUP_BATCHES.
 WARMUP_BATCHES = 20
+# Transitions measured per kind that the MPC's transition cost takes the median of.
+TRANSITION_SAMPLES = 5
 # Eq. 6.10's factor is learned only from steady steps (no backlog of more than two
 # batches' input) and kept within these bounds: a step that drains a backlog measures
 # the drain, not the model's steady state, and would teach a factor of 10-30.
@@ -430,6 +432,82 @@ def plan_rebalance(records: list[dict[str, Any]], threshold: float) -> dict[str,
             "planner": "ding-table", "tau": threshold / 2}
 
 
+# ------------------------------------------------------------------ transitions
+@dataclass
+class TransitionMeter:
+    """What a change of workers costs on this run, measured (issue 20; priced by the MPC
+    through ``mpc.TransitionModel``, ours): the time from a scale-up decision to the
+    first batch on the new workers, and per migration the batch time above the fitted
+    model's over the bytes of state it moved (a moved group's state reloads on its new
+    executor inside the batches that carry the move). Medians of the last few."""
+
+    executor_start_s: deque = field(default_factory=lambda: deque(maxlen=TRANSITION_SAMPLES))
+    reload_s_per_byte: deque = field(default_factory=lambda: deque(maxlen=TRANSITION_SAMPLES))
+    pending: list[float] | None = None  # [decided at t, workers wanted]
+    migration: dict[str, Any] | None = None  # {"id", "excess_s", "bytes"} under way
+    placement: list[Any] | None = None  # the previous batch's
+
+    def scale_decided(self, t: float, workers: int) -> None:
+        self.pending = [float(t), float(workers)]
+
+    def observe(self, records: list[dict[str, Any]], model: BatchModel, f_max: float) -> None:
+        for r in records:
+            if self.pending is not None and int(r.get("workers") or 0) >= self.pending[1] \
+                    and r["t"] >= self.pending[0]:
+                self.executor_start_s.append(r["t"] - self.pending[0])
+                self.pending = None
+            running = r.get("migration")
+            if self.migration is not None and (not running
+                                               or running.get("id") != self.migration["id"]):
+                self._finish()
+            if running:
+                if self.migration is None:
+                    self.migration = {"id": running.get("id"), "excess_s": 0.0, "bytes": 0.0}
+                self.migration["bytes"] += self._moved_bytes(r)
+                rows, n = int(r.get("input_rows") or 0), int(r.get("workers") or 1)
+                freq = float(r.get("frequency_ghz") or f_max)
+                predicted = model.overhead_s + model.cost_s * rows * f_max / (n * freq)
+                took = (r.get("batch_duration_ms") or 0) / 1000.0
+                self.migration["excess_s"] += max(took - predicted, 0.0)
+            self.placement = r.get("placement")
+
+    def _moved_bytes(self, r: dict[str, Any]) -> float:
+        now, sizes = r.get("placement"), r.get("group_bytes") or []
+        if not now or not self.placement or len(now) != len(self.placement):
+            return 0.0
+        return float(sum(sizes[g] or 0 for g in range(min(len(now), len(sizes)))
+                         if now[g] != self.placement[g] and self.placement[g] is not None))
+
+    def _finish(self) -> None:
+        done, self.migration = self.migration, None
+        if done is not None and done["bytes"] >= 1.0:
+            self.reload_s_per_byte.append(done["excess_s"] / done["bytes"])
+
+    def model(self, state_bytes: float) -> TransitionModel:
+        return TransitionModel(
+            executor_start_s=statistics.median(self.executor_start_s)
+            if self.executor_start_s else 0.0,
+            reload_s_per_byte=statistics.median(self.reload_s_per_byte)
+            if self.reload_s_per_byte else 0.0,
+            state_bytes=max(float(state_bytes), 0.0))
+
+    def to_state(self) -> dict[str, Any]:
+        return {"executor_start_s": list(self.executor_start_s),
+                "reload_s_per_byte": list(self.reload_s_per_byte), "pending": self.pending,
+                "migration": self.migration, "placement": self.placement}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None) -> TransitionMeter:
+        meter = cls()
+        if state:
+            meter.executor_start_s.extend(state.get("executor_start_s", []))
+            meter.reload_s_per_byte.extend(state.get("reload_s_per_byte", []))
+            meter.pending = state.get("pending")
+            meter.migration = state.get("migration")
+            meter.placement = state.get("placement")
+        return meter
+
+
 # ---------------------------------------------------------------------- controller
 @dataclass
 class LiveController:
@@ -446,6 +524,7 @@ class LiveController:
     _mpc: MpcController | None = None
     _rule: Any = None
     _rates: deque = field(default_factory=lambda: deque(maxlen=3))
+    transitions: TransitionMeter = field(default_factory=TransitionMeter)
 
     def __post_init__(self) -> None:
         p = self.policy
@@ -507,7 +586,8 @@ class LiveController:
                 "violations": self.violations, "last_alerts": list(self.last_alerts),
                 "last_rebalance_step": self.last_rebalance_step, "rates": list(self._rates),
                 "mpc": self._mpc.state() if self._mpc is not None else None,
-                "rule": self._rule.state() if self._rule is not None else None}
+                "rule": self._rule.state() if self._rule is not None else None,
+                "transitions": self.transitions.to_state()}
 
     @classmethod
     def from_state(cls, policy: LoopPolicy, state: dict[str, Any]) -> LiveController:
@@ -529,6 +609,7 @@ class LiveController:
         ctl.violations = int(state["violations"])
         ctl.last_alerts = tuple(state["last_alerts"])
         ctl.last_rebalance_step = int(state["last_rebalance_step"])
+        ctl.transitions = TransitionMeter.from_state(state.get("transitions"))
         ctl._rates.extend(state["rates"])
         if ctl._mpc is not None:
             ctl._mpc.restore(state["mpc"])
@@ -624,6 +705,7 @@ class LiveController:
                                int(r.get("workers") or current.workers),
                                float(r.get("frequency_ghz") or current.freq_ghz), p.f_max)
         self.model.fit()
+        self.transitions.observe(records, self.model, p.f_max)
         scored = self._score(obs)
         self.step_index += 1
         started = time.perf_counter()
@@ -643,8 +725,11 @@ class LiveController:
                 alerts=[], model_error={"last": {}, "mape": self.mape()})
         feedback = 1.0
         cost: dict[str, Any] = {}
+        transition = self.transitions.model(sum(b or 0 for b in
+                                                records[-1].get("group_bytes") or []))
         if self._mpc is not None:
             self._mpc.params["batch_overhead_s"] = self.model.overhead_s
+            self._mpc.params["transition"] = transition
             cost_here = self.model.cost_s * p.f_max / current.freq_ghz
             per_batch = obs.throughput * (obs.batch_s or 0.0)
             steady = obs.backlog <= 2 * max(per_batch, 1.0)
@@ -656,13 +741,15 @@ class LiveController:
                                 utilisation=s.utilisation, latency_s=s.latency_s,
                                 throughput=s.throughput, power_w=s.power_w,
                                 qos_cost=s.qos_cost, resource_cost=s.resource_cost,
-                                switching_cost=s.switching_cost)
+                                switching_cost=s.switching_cost,
+                                transition_cost=s.transition_cost)
                            for s in decision.trajectory]
             cost = {"total": decision.cost, "nodes_explored": decision.nodes_explored,
                     "nodes_total": decision.nodes_total,
                     "qos": sum(s.qos_cost for s in decision.trajectory),
                     "resource": sum(s.resource_cost for s in decision.trajectory),
-                    "switching": sum(s.switching_cost for s in decision.trajectory)}
+                    "switching": sum(s.switching_cost for s in decision.trajectory),
+                    "transition": sum(s.transition_cost for s in decision.trajectory)}
             reason = (f"{p.strategy} h={len(decision.trajectory)}: least cost "
                       f"{decision.cost:.4g} over {decision.nodes_total} plans")
             if self.power_of(chosen) > (p.power_budget_w or math.inf):
@@ -717,15 +804,31 @@ class LiveController:
                 and self.step_index - self.last_rebalance_step >= REBALANCE_COOLDOWN_STEPS):
             rebalance = plan_rebalance(records, float(p.params.get("rebalance_threshold",
                                                                    REBALANCE_THRESHOLD)))
+            # The moves' own cost (measured reload time per byte): a rebalance that
+            # would itself break a bound the run meets now waits.
+            cost_s = transition.reload_s_per_byte * float((rebalance or {}).get(
+                "state_bytes") or 0)
+            if (rebalance is not None and obs.latency_s is not None
+                    and obs.latency_s <= p.latency_bound_s < obs.latency_s + cost_s):
+                reason += (f"; rebalance deferred: moving {rebalance['state_bytes'] / 1e6:.1f}"
+                           f" MB of state costs ~{cost_s:.1f} s of latency (measured), over "
+                           "the bound the run meets now")
+                rebalance = None
             if rebalance is not None:
                 action, self.last_rebalance_step = "rebalance", self.step_index
                 reason += (f"; keyed load imbalance {rebalance['imbalance']:.0%} > "
                            f"{float(p.params.get('rebalance_threshold', REBALANCE_THRESHOLD)):.0%}:"
                            f" move {len(rebalance['moves'])} groups "
                            f"(planned {rebalance['planned_imbalance']:.0%})")
+        if chosen.workers > current.workers:
+            self.transitions.scale_decided(records[-1]["t"], chosen.workers)
+        priced = {**asdict(transition),
+                  "seconds_one_up": transition.seconds(current.workers, current.workers + 1),
+                  "executor_starts_measured": len(self.transitions.executor_start_s),
+                  "migrations_measured": len(self.transitions.reload_s_per_byte)}
         return LiveDecision(
             step=self.step_index, t=records[-1]["t"], strategy=p.strategy,
-            inputs={**asdict(obs), "overhead_s": self.model.overhead_s,
+            inputs={**asdict(obs), "overhead_s": self.model.overhead_s, "transition": priced,
                     "cost_per_record_s": self.model.cost_s, "feedback": feedback,
                     "utilisation": self.model.utilisation(rate, current.workers,
                                                           current.freq_ghz, p.f_max),

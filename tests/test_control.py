@@ -100,7 +100,10 @@ def _random_problem(rng: random.Random) -> mpc.MpcProblem:
         latency_bound_s=rng.uniform(5e-6, 5e-5), alpha=rng.choice([2.0, 200.0]),
         beta=0.5, gamma=rng.choice([0.0, 0.4]),
         latency_model=rng.choice(mpc.LATENCY_MODELS), batch_overhead_s=rng.uniform(1e-6, 2e-5),
-        power_budget_w=rng.choice([None, rng.uniform(1.0, 8.0)]))
+        power_budget_w=rng.choice([None, rng.uniform(1.0, 8.0)]),
+        transition=rng.choice([None, mpc.TransitionModel(
+            executor_start_s=rng.uniform(0, 3e-5), reload_s_per_byte=rng.uniform(0, 1e-10),
+            state_bytes=rng.uniform(0, 2e5))]))
 
 
 def test_bnb_dp_and_exhaustive_agree_on_random_instances() -> None:
@@ -116,6 +119,41 @@ def test_bnb_dp_and_exhaustive_agree_on_random_instances() -> None:
             assert sum(step.cost for step in mpc.evaluate(problem, plan)) == \
                 pytest.approx(decision.cost)
         assert results["bnb"].nodes_explored <= results["bnb"].nodes_total
+
+
+def test_a_costly_move_is_made_before_the_peak_or_not_for_a_short_one() -> None:
+    # One worker at 2 GHz: 600 records/s is rho 0.3, 1500/s rho 0.75 (p95 7.8 s against a
+    # 6-s bound); a move to 2 workers takes X = 4 s (executor start + state reload).
+    base = dict(worker_options=(1, 2), freq_options=(2.0,), current=mpc.Config(1, 2.0),
+                comp_time_s=5e-4, f_measured=2.0, latency_model="microbatch",
+                batch_overhead_s=1.0, latency_bound_s=6.0, qos="latency", resource="node",
+                gamma=0.4)
+    move = mpc.TransitionModel(executor_start_s=2.0, reload_s_per_byte=1e-6,
+                               state_bytes=4e6)
+    assert move.seconds(1, 2) == pytest.approx(4.0) and move.seconds(2, 1) == pytest.approx(2.0)
+    rising = (600.0, 1500.0, 1500.0)
+    # Priced only by S, the move waits for the peak; priced with its latency, it is made
+    # while latency is still low (Q is exponential: the same 4 s cost less there).
+    assert mpc.decide(mpc.MpcProblem(**base, rate_forecast=rising)).chosen.workers == 1
+    early = mpc.decide(mpc.MpcProblem(**base, rate_forecast=rising, transition=move))
+    assert early.chosen.workers == 2
+    assert early.trajectory[0].transition_cost > 0
+    assert all(s.transition_cost == 0 for s in early.trajectory[1:])
+    # A one-step blip: a move that takes 10 s would break the bound by more than riding
+    # the blip out on one worker does.
+    blip = (1500.0, 600.0, 600.0)
+    slow = mpc.TransitionModel(executor_start_s=8.0, reload_s_per_byte=1e-6,
+                               state_bytes=4e6)
+    assert mpc.decide(mpc.MpcProblem(**base, rate_forecast=blip)).chosen.workers == 2
+    assert mpc.decide(mpc.MpcProblem(**base, rate_forecast=blip,
+                                     transition=slow)).chosen.workers == 1
+    # Within the bound a move costs nothing: at low load, scaling down is not held back.
+    down = dict(base, current=mpc.Config(2, 2.0))
+    low = mpc.decide(mpc.MpcProblem(**down, rate_forecast=(300.0, 300.0), transition=slow))
+    assert low.chosen.workers == 1 and low.trajectory[0].transition_cost == 0
+    for solver in mpc.SOLVERS:
+        assert mpc.decide(mpc.MpcProblem(**base, rate_forecast=rising, transition=move),
+                          solver).cost == pytest.approx(early.cost)
 
 
 def test_bnb_prunes_the_thesis_space_and_records_serialise() -> None:

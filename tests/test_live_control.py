@@ -380,3 +380,49 @@ def test_rules_read_the_measured_busy_time_not_the_model() -> None:
     assert live.observe(plain, None).busy is None
     d = live.LiveController(_policy("th-rule")).step(plain, Config(2, F_MAX))
     assert d.chosen["workers"] <= 2
+
+
+def test_the_transition_meter_measures_executor_start_and_reload_per_byte() -> None:
+    model = live.BatchModel(overhead_s=1.0, cost_s=1e-3)  # D = 1 + 0.001·rows (1 worker)
+    meter = live.TransitionMeter()
+
+    def rec(t: float, workers: int, placement: list[str], took_s: float,
+            migration: str | None = None) -> dict:
+        return {"t": t, "workers": workers, "input_rows": 1000 * workers,
+                "batch_duration_ms": took_s * 1000, "frequency_ghz": F_MAX,
+                "placement": placement, "group_bytes": [1e6] * 4,
+                "migration": {"id": migration} if migration else None}
+
+    one, two = ["1"] * 4, ["1", "1", "2", "2"]
+    meter.observe([rec(100, 1, one, 2.0)], model, F_MAX)
+    meter.scale_decided(100.0, 2)
+    # The new executor's first batch commits at 112; the migration's two batches move
+    # two groups (2 MB) and take 3 s more than the model's 2 s.
+    meter.observe([rec(106, 1, one, 2.0), rec(112, 2, one, 2.0, "m1"),
+                   rec(116, 2, two, 4.0, "m1"), rec(118, 2, two, 3.0, "m1")], model, F_MAX)
+    assert list(meter.executor_start_s) == [12.0] and not meter.reload_s_per_byte
+    meter.observe([rec(120, 2, two, 2.0)], model, F_MAX)  # the migration is over
+    assert list(meter.reload_s_per_byte) == [pytest.approx(3.0 / 2e6)]
+    priced = meter.model(state_bytes=4e6)
+    assert priced.seconds(2, 4) == pytest.approx(12.0 + 1.5e-6 * 2e6)
+    assert priced.seconds(2, 1) == pytest.approx(1.5e-6 * 2e6)
+    again = live.TransitionMeter.from_state(json.loads(json.dumps(meter.to_state())))
+    assert again.model(4e6) == priced
+
+
+def test_the_mpc_prices_a_measured_transition_and_says_so() -> None:
+    ctl = live.LiveController(_policy("lat-node", params={"horizon": 2}))
+    ctl.transitions.executor_start_s.append(6.0)
+    ctl.transitions.reload_s_per_byte.append(2e-6)
+    engine, cur = Fake(), Config(1, F_MAX)
+    records = engine.records(800, cur, 4.0)
+    for r in records:
+        r["group_bytes"] = [1e6] * 4
+    d = ctl.step(records, cur)
+    priced = d.inputs["transition"]
+    assert priced["state_bytes"] == 4e6 and priced["executor_start_s"] == 6.0
+    assert priced["seconds_one_up"] == pytest.approx(6.0 + 2e-6 * 2e6)
+    assert "transition" in d.cost
+    state = json.loads(json.dumps(ctl.to_state()))
+    assert live.LiveController.from_state(ctl.policy, state).transitions.model(1) == \
+        ctl.transitions.model(1)

@@ -15,6 +15,21 @@ thesis' record-at-a-time operator); ``microbatch`` — the control library's
 (1+q)·o/(1-rho)·e with o the batch overhead, rho = lambda·T/n and e the feedback factor
 (Eq. 6.10 applied to the whole latency: a micro-batch's records all wait).
 
+Transition cost (``transition``; ours, beside the thesis' S term, which prices a change
+only by its size): on a keyed micro-batch engine a change of workers has a latency of
+its own — a new executor must register, and the state of the key groups that move is
+reloaded on their new executor while the batches that carry the move run slower. With
+``TransitionModel.seconds(n, n')`` = X (executor start when scaling up, plus seconds per
+byte of state times the state that moves, |n' - n| / max(n, n') of it under a balanced
+layout), the step a change lands in has latency R + X. What the bound is about is a
+violation, so the change costs the latency cost it adds above the bound:
+Q(max(R + X, delta)/delta) - Q(max(R, delta)/delta) (``transition_qos``): nothing while
+R + X stays within the bound (a scale-down at low load is free), the full marginal cost
+once R is over it. Because Q is exponential, the same move costs less before latency
+has climbed: the controller moves before a peak, or not at all for a short one. Only
+latency QoS is priced this way; without measurements (``transition`` None or zero) the
+thesis' objective is unchanged.
+
 Power budget (``power_budget_w``): a hard constraint. A configuration whose modelled power
 exceeds it costs ``OVER_BUDGET`` · (1 + relative excess) in R, above any QoS cost (even
 saturation), so it is chosen only when every configuration is over budget — and then the
@@ -84,6 +99,28 @@ class Config:
 
 
 @dataclass(frozen=True)
+class TransitionModel:
+    """What one change of workers costs in time (measured by the live runtime; see the
+    module docstring)."""
+
+    executor_start_s: float = 0.0  # a requested executor registers and takes tasks
+    reload_s_per_byte: float = 0.0  # extra batch time per byte of state moved
+    state_bytes: float = 0.0  # the keyed state held now
+
+    def moved_bytes(self, n_from: int, n_to: int) -> float:
+        """State a balanced layout moves from n to n' workers: |n' - n| / max(n, n')."""
+        if n_from == n_to:
+            return 0.0
+        return self.state_bytes * abs(n_to - n_from) / max(n_from, n_to)
+
+    def seconds(self, n_from: int, n_to: int) -> float:
+        if n_from == n_to:
+            return 0.0
+        start = self.executor_start_s if n_to > n_from else 0.0
+        return start + self.reload_s_per_byte * self.moved_bytes(n_from, n_to)
+
+
+@dataclass(frozen=True)
 class MpcProblem:
     """Everything one control step needs. Rates are tuples/s; times in seconds."""
 
@@ -110,6 +147,7 @@ class MpcProblem:
     batch_overhead_s: float = 0.0  # microbatch: o, the fixed cost of one batch
     latency_quantile: float = 0.95  # microbatch: which latency quantile is predicted
     power_budget_w: float | None = None  # hard constraint (see the module docstring)
+    transition: TransitionModel | None = None  # ours: a change's own latency
 
     @property
     def horizon(self) -> int:
@@ -157,10 +195,11 @@ class StepPrediction:
     qos_cost: float
     resource_cost: float
     switching_cost: float
+    transition_cost: float = 0.0  # ours: the change's own latency (module docstring)
 
     @property
     def cost(self) -> float:
-        return self.qos_cost + self.resource_cost + self.switching_cost
+        return self.qos_cost + self.resource_cost + self.switching_cost + self.transition_cost
 
 
 @dataclass
@@ -241,9 +280,31 @@ def evaluate(problem: MpcProblem, path: list[Config]) -> list[StepPrediction]:
     for rate, u in zip(problem.rate_forecast, path):
         rho, tp, lat, pw, qos = predict(problem, u, rate)
         out.append(StepPrediction(u.workers, u.freq_ghz, rate, rho, tp, lat, pw, qos,
-                                  resource_cost(problem, u), switching_cost(problem, prev, u)))
+                                  resource_cost(problem, u), switching_cost(problem, prev, u),
+                                  transition_cost(problem, prev, u, lat)))
         prev = u
     return out
+
+
+def transition_qos(alpha: float, latency_s: Any, extra_s: Any, bound_s: float) -> Any:
+    """Q(max(R + X, delta)/delta) - Q(max(R, delta)/delta): the latency cost a change's X
+    seconds add above the bound in the step it lands in (0 where R is not finite:
+    saturation is priced already)."""
+    r = np.asarray(latency_s, dtype=float)
+    finite = np.isfinite(r)
+    r = np.where(finite, r, 0.0)
+    out = np.where(finite, latency_qos(alpha, np.maximum(r + extra_s, bound_s) / bound_s)
+                   - latency_qos(alpha, np.maximum(r, bound_s) / bound_s), 0.0)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def transition_cost(problem: MpcProblem, prev: Config, u: Config, latency_s: float) -> float:
+    if problem.transition is None or problem.qos != "latency":
+        return 0.0
+    extra = problem.transition.seconds(prev.workers, u.workers)
+    if extra <= 0:
+        return 0.0
+    return transition_qos(problem.alpha, latency_s, extra, problem.latency_bound_s)
 
 
 # -------------------------------------------------------------------------- solvers
@@ -251,6 +312,12 @@ def stage_costs(problem: MpcProblem) -> np.ndarray:
     """Q + R for every grid configuration at every horizon step (h x K), vectorised.
 
     The same formulas as ``predict``/``resource_cost`` (checked equal in the tests)."""
+    return _stage_tables(problem)[0]
+
+
+def _stage_tables(problem: MpcProblem) -> tuple[np.ndarray, np.ndarray]:
+    """Q + R (h x K) and the predicted latency (h x K; inf when saturated, NaN for
+    throughput QoS) of every configuration at every step."""
     n, f = problem.grid()
     v = np.tile([problem.power.voltage(fv) for fv in problem.freq_options],
                 len(problem.worker_options))
@@ -264,6 +331,7 @@ def stage_costs(problem: MpcProblem) -> np.ndarray:
     t = problem.comp_time_s * problem.f_measured / f  # T(f)
     t_s_ideal = t / n  # Eq. 6.7
     rates = np.asarray(problem.rate_forecast, dtype=float)[:, None]
+    latency = np.full((len(rates), len(n)), np.nan)
     with np.errstate(divide="ignore", invalid="ignore"):
         t_a = np.where(rates > 0, 1.0 / rates, np.inf)
         rho = np.where(np.isinf(t_a), 0.0, t_s_ideal / (problem.utilisation_margin * t_a))
@@ -280,20 +348,36 @@ def stage_costs(problem: MpcProblem) -> np.ndarray:
                 wq = rho / (1.0 - rho) * (problem.ca2 + problem.cs2) / 2.0 * t_s_ideal
                 latency = t + problem.feedback * np.where(np.isinf(t_a), 0.0, wq)
             qos = latency_qos(problem.alpha, latency / problem.latency_bound_s)
+            latency = np.where(rho >= sm.SATURATED, np.inf, latency)
         qos = np.where(rho >= sm.SATURATED, saturated_qos(problem.alpha, rho), qos)
-    return qos + resource[None, :]
+    return qos + resource[None, :], latency
 
 
 def _step_tables(problem: MpcProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-step stage costs Q+R (h x K), switching matrix (K x K), and from current (K)."""
-    stage = stage_costs(problem)
+    """Per-step stage costs Q+R (h x K); the cost of each step's move from the previous
+    configuration, S plus the transition's (h x K x K; layer 0 unused); the cost of the
+    first step's move from the current configuration (K)."""
+    stage, latency = _stage_tables(problem)
+    h = stage.shape[0]
     n, f = problem.grid()
     f = f / problem.f_step
     switch = problem.gamma * ((n[:, None] - n[None, :]) ** 2 + (f[:, None] - f[None, :]) ** 2)
     cur = problem.current
     from_current = problem.gamma * ((n - cur.workers) ** 2
                                     + (f - cur.freq_ghz / problem.f_step) ** 2)
-    return stage, switch, from_current
+    moves = np.broadcast_to(switch, (h, *switch.shape))
+    tr = problem.transition
+    if tr is not None and problem.qos == "latency":
+        extra = np.array([[tr.seconds(int(a), int(b)) for b in n] for a in n])
+        if extra.any():
+            moves = switch[None, :, :] + np.stack([
+                transition_qos(problem.alpha, latency[i][None, :], extra,
+                               problem.latency_bound_s) for i in range(h)])
+        first = np.array([tr.seconds(cur.workers, int(b)) for b in n])
+        if first.any():
+            from_current = from_current + transition_qos(problem.alpha, latency[0], first,
+                                                         problem.latency_bound_s)
+    return stage, moves, from_current
 
 
 def _tree_size(k: int, h: int) -> int:
@@ -319,7 +403,7 @@ def solve_exhaustive(problem: MpcProblem) -> Decision:
     for seq in itertools.product(range(k), repeat=problem.horizon):
         cost = from_current[seq[0]] + stage[0, seq[0]]
         for i in range(1, len(seq)):
-            cost += switch[seq[i - 1], seq[i]] + stage[i, seq[i]]
+            cost += switch[i, seq[i - 1], seq[i]] + stage[i, seq[i]]
         if cost < best:
             best, best_path = cost, seq
     assert best_path is not None
@@ -339,7 +423,7 @@ def solve_bnb(problem: MpcProblem) -> Decision:
     explored = [0]
 
     def expand(depth: int, prev: int | None, cost: float, path: list[int]) -> None:
-        step = (from_current if prev is None else switch[prev]) + stage[depth]
+        step = (from_current if prev is None else switch[depth, prev]) + stage[depth]
         for j in np.argsort(step, kind="stable"):
             explored[0] += 1
             c = cost + step[j]
@@ -363,7 +447,7 @@ def solve_dp(problem: MpcProblem) -> Decision:
     dist = from_current + stage[0]
     back = np.empty((h, k), dtype=np.int64)
     for i in range(1, h):
-        total = dist[:, None] + switch  # rows: previous, cols: next
+        total = dist[:, None] + switch[i]  # rows: previous, cols: next
         back[i] = np.argmin(total, axis=0)
         dist = total[back[i], np.arange(k)] + stage[i]
     j = int(np.argmin(dist))

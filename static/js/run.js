@@ -265,7 +265,8 @@
     tr.dataset.step = d.step;
     const c = d.cost || {};
     const cost = c.total === undefined ? "—" :
-      `${fmt(c.qos, 2)} / ${fmt(c.resource, 2)} / ${fmt(c.switching, 2)}`;
+      `${fmt(c.qos, 2)} / ${fmt(c.resource, 2)} / ${fmt(c.switching, 2)} / ` +
+      fmt(c.transition || 0, 2);
     const cells = [new Date(d.at).toLocaleTimeString(), d.step, d.strategy,
       `${d.current.workers} → ${d.chosen.workers}`,
       `${fmt(d.current.freq_ghz, 2)} → ${fmt(d.chosen.freq_ghz, 2)}`,
