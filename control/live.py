@@ -156,20 +156,23 @@ def replan_target(workers: int, key_groups: int, limit: int = 1024) -> int:
 
 def reconfiguration_commands(current: dict[str, Any], chosen: dict[str, Any], action: str,
                              rebalance: dict[str, Any] | None,
-                             key_groups: int | None = None) -> list[tuple[str, dict[str, Any]]]:
+                             key_groups: int | None = None,
+                             planner: dict[str, Any] | None = None,
+                             ) -> list[tuple[str, dict[str, Any]]]:
     """The runner commands that carry out a decision, in the order they must run: a live
     re-plan first when the decision wants more workers than the run has key groups
     (``key_groups``; runtime/replan.py), then workers (the runner re-plans the placement
     for them), then the frequency, or a rebalance's moves. ``current`` is the decision's
     own (a read-only frequency already snapped to a settable one), so a rounding
-    difference never becomes a command."""
+    difference never becomes a command. ``planner``: the decision's migration planner
+    and its options (``migration_planner`` of the decision's inputs), for set_workers."""
     commands: list[tuple[str, dict[str, Any]]] = []
     if key_groups is not None and chosen["workers"] > key_groups:
         commands.append(("replan", {"key_groups": replan_target(chosen["workers"],
                                                                 key_groups),
                                     "scheme": "seamless"}))
     if chosen["workers"] != current["workers"]:
-        commands.append(("set_workers", {"workers": chosen["workers"]}))
+        commands.append(("set_workers", {"workers": chosen["workers"], **(planner or {})}))
     if not math.isclose(chosen["freq_ghz"], current["freq_ghz"], abs_tol=1e-6):
         commands.append(("set_frequency", {"ghz": chosen["freq_ghz"]}))
     if action == "rebalance" and rebalance:
@@ -213,7 +216,13 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "peak-load": (), "ds2": ("target_utilisation",),
     "static-min": (), "static-max": (),
 }
-COMMON_PARAMS = ("violation_steps", "rebalance_threshold")
+COMMON_PARAMS = ("violation_steps", "rebalance_threshold", "migration_planner", "mtm_gamma")
+# How a change of workers places the key groups: Ding's single-step optimum on the
+# routing table, or its MTM look-ahead (Ding §4, Def. 4.1, on a table) with the
+# transition matrix estimated from the run's own history of worker counts.
+MIGRATION_PLANNERS = ("ding-table", "mtm-table")
+# History of worker counts kept for the MTM estimate (control steps).
+HISTORY_STEPS = 2000
 
 
 def check_params(strategy: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -251,7 +260,31 @@ def check_params(strategy: str, params: dict[str, Any]) -> dict[str, Any]:
         _num(params, "target_utilisation", 0.7, low=0, high=1, open_low=True)
     _num(params, "violation_steps", 3, low=1, high=1000, whole=True)
     _num(params, "rebalance_threshold", REBALANCE_THRESHOLD, low=0, high=10)
+    if params.get("migration_planner", "ding-table") not in MIGRATION_PLANNERS:
+        raise LoopError(f"migration_planner: one of {', '.join(MIGRATION_PLANNERS)}")
+    gamma = _num(params, "mtm_gamma", 0.8, low=0, high=1)
+    if gamma >= 1:
+        raise LoopError("mtm_gamma: must be below 1 (a discount)")
     return params
+
+
+def estimate_mtm(history: list[int], lo: int, hi: int,
+                 prior: float = 1.0) -> dict[int, dict[int, float]]:
+    """Ding §4's Markov transition matrix of worker counts, estimated from a run's own
+    configurations (ours): for each count n in lo..hi, how often the next *different*
+    count was n'. A prior of ``prior`` changes, split between n - 1 and n + 1, lets a
+    count the run has not left yet still look one step either way."""
+    changes = [n for i, n in enumerate(history) if i == 0 or n != history[i - 1]]
+    counts: dict[int, dict[int, float]] = {n: {} for n in range(lo, hi + 1)}
+    for a, b in zip(changes, changes[1:]):
+        if lo <= a <= hi and lo <= b <= hi:
+            counts[a][b] = counts[a].get(b, 0.0) + 1.0
+    for n, row in counts.items():
+        neighbours = [m for m in (n - 1, n + 1) if lo <= m <= hi]
+        for m in neighbours:
+            row[m] = row.get(m, 0.0) + prior / len(neighbours)
+    return {n: {m: c / sum(row.values()) for m, c in sorted(row.items())}
+            for n, row in counts.items() if row}
 
 
 # ------------------------------------------------------------------------- model
@@ -525,6 +558,8 @@ class LiveController:
     _rule: Any = None
     _rates: deque = field(default_factory=lambda: deque(maxlen=3))
     transitions: TransitionMeter = field(default_factory=TransitionMeter)
+    # Worker counts, one per control step: the MTM look-ahead's history.
+    worker_history: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         p = self.policy
@@ -587,7 +622,8 @@ class LiveController:
                 "last_rebalance_step": self.last_rebalance_step, "rates": list(self._rates),
                 "mpc": self._mpc.state() if self._mpc is not None else None,
                 "rule": self._rule.state() if self._rule is not None else None,
-                "transitions": self.transitions.to_state()}
+                "transitions": self.transitions.to_state(),
+                "worker_history": self.worker_history[-HISTORY_STEPS:]}
 
     @classmethod
     def from_state(cls, policy: LoopPolicy, state: dict[str, Any]) -> LiveController:
@@ -610,6 +646,7 @@ class LiveController:
         ctl.last_alerts = tuple(state["last_alerts"])
         ctl.last_rebalance_step = int(state["last_rebalance_step"])
         ctl.transitions = TransitionMeter.from_state(state.get("transitions"))
+        ctl.worker_history = [int(n) for n in state.get("worker_history", [])]
         ctl._rates.extend(state["rates"])
         if ctl._mpc is not None:
             ctl._mpc.restore(state["mpc"])
@@ -822,6 +859,16 @@ class LiveController:
                            f"(planned {rebalance['planned_imbalance']:.0%})")
         if chosen.workers > current.workers:
             self.transitions.scale_decided(records[-1]["t"], chosen.workers)
+        self.worker_history = (self.worker_history + [current.workers])[-HISTORY_STEPS:]
+        planner = None
+        if chosen.workers != current.workers and \
+                p.params.get("migration_planner") == "mtm-table":
+            mtm = estimate_mtm(self.worker_history + [chosen.workers], p.min_workers,
+                               p.max_workers)
+            planner = {"planner": "mtm-table", "mtm_gamma": float(p.params.get("mtm_gamma",
+                                                                               0.8)),
+                       "mtm": {str(n): {str(m): q for m, q in row.items()}
+                               for n, row in mtm.items()}}
         priced = {**asdict(transition),
                   "seconds_one_up": transition.seconds(current.workers, current.workers + 1),
                   "executor_starts_measured": len(self.transitions.executor_start_s),
@@ -833,7 +880,7 @@ class LiveController:
                     "utilisation": self.model.utilisation(rate, current.workers,
                                                           current.freq_ghz, p.f_max),
                     "forecast": predictions[0]["rate"], "violating": violated,
-                    "rebalance": rebalance},
+                    "rebalance": rebalance, "migration_planner": planner},
             chosen={"workers": chosen.workers, "freq_ghz": chosen.freq_ghz},
             current={"workers": current.workers, "freq_ghz": current.freq_ghz},
             action=action, predictions=predictions, cost=cost, solve_ms=solve_ms,

@@ -59,7 +59,8 @@ def apply_decision(decision_id: int) -> str:
             {"workers": decision.current_workers, "freq_ghz": decision.current_freq_ghz},
             {"workers": decision.chosen_workers, "freq_ghz": decision.chosen_freq_ghz},
             decision.action, (decision.inputs or {}).get("rebalance"),
-            key_groups=run.key_groups if loop.replannable(run) else None)):
+            key_groups=run.key_groups if loop.replannable(run) else None,
+            planner=(decision.inputs or {}).get("migration_planner"))):
         # The first command expires with the decision; a later one follows an
         # acknowledged command (a migration may have taken minutes) and gets its own TTL.
         done, msg = send_and_wait(run, command, args, actor,

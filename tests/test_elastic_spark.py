@@ -89,9 +89,13 @@ def test_scale_moves_and_rebalance_keep_exactly_once(tmp_path: Path, spark_clust
             or "balanced" in rebalance["plan"]["planner"]
 
         # Scale down: the victim's groups move first, then it is decommissioned; no
-        # task fails.
+        # task fails. Planned with the MTM look-ahead on the routing table (Ding §4).
+        refused = run.command("set_workers", workers=1, planner="mtm-table")
+        assert not refused["ok"] and 'needs "mtm"' in refused["message"]
         mark = run.metrics[-1]["batch_id"]
-        down = _ack(run, "set_workers", workers=1, schedule="fluid")
+        down = _ack(run, "set_workers", workers=1, schedule="fluid", planner="mtm-table",
+                    mtm={"1": {"2": 1.0}, "2": {"1": 1.0}}, mtm_gamma=0.8)
+        assert down["plan"]["planner"] == "mtm-table", down["plan"]
         assert len(down["executors"]) == 1 and len(down["released"]) == 1
         assert down["released"][0] not in down["migration"]["target"]
         window = run.wait_batches(3)

@@ -426,3 +426,42 @@ def test_the_mpc_prices_a_measured_transition_and_says_so() -> None:
     state = json.loads(json.dumps(ctl.to_state()))
     assert live.LiveController.from_state(ctl.policy, state).transitions.model(1) == \
         ctl.transitions.model(1)
+
+
+def test_the_mtm_is_estimated_from_the_runs_own_worker_counts() -> None:
+    mtm = live.estimate_mtm([1, 1, 2, 2, 3, 2, 2, 3, 2], lo=1, hi=4)
+    # From 2 the run went to 3 twice (and the prior adds half a change each way).
+    assert mtm[2] == {1: pytest.approx(0.5 / 3), 3: pytest.approx(2.5 / 3)}
+    assert mtm[3] == {2: pytest.approx(2.5 / 3), 4: pytest.approx(0.5 / 3)}
+    assert mtm[4] == {3: 1.0} and mtm[1] == {2: 1.0}
+    assert live.estimate_mtm([2, 2], lo=2, hi=2) == {}
+    with pytest.raises(live.LoopError, match="migration_planner"):
+        live.check_params("lat-node", {"migration_planner": "magic"})
+    with pytest.raises(live.LoopError, match="mtm_gamma"):
+        live.check_params("th-rule", {"mtm_gamma": 1})
+
+    ctl = live.LiveController(_policy("static-max", params={"migration_planner": "mtm-table",
+                                                            "mtm_gamma": 0.5}))
+    engine, cur = Fake(), Config(1, F_MAX)
+    d = ctl.step(engine.records(800, cur, 4.0), cur)
+    assert d.chosen["workers"] == 4
+    planner = d.inputs["migration_planner"]
+    assert planner["planner"] == "mtm-table" and planner["mtm_gamma"] == 0.5
+    assert planner["mtm"]["4"] == {"3": 1.0}
+    (command, args), = live.reconfiguration_commands(d.current, d.chosen, d.action, None,
+                                                      planner=planner)
+    assert command == "set_workers" and args["planner"] == "mtm-table" and args["mtm"]
+
+
+def test_the_runtime_plans_a_routing_table_with_the_mtm_look_ahead() -> None:
+    from pipelines.runtime import elastic
+
+    current = ["1", "2", "1", "2", "1", "2", "1"]  # not contiguous: Spark's placement
+    loads, sizes = [1.14, 1.11, 0.76, 1.72, 0.57, 1.41, 1.43], [2.46, 1.09, 1.33, 2.17,
+                                                               1.59, 0.62, 2.67]
+    target, info = elastic.plan_target(current, loads, sizes, 3, ["3"], "mtm-table", 0.3,
+                                       {"mtm": {3: {4: 1.0}}, "gamma": 0.8})
+    assert info["planner"] == "mtm-table" and set(target) == {"1", "2", "3"}
+    myopic, _ = elastic.plan_target(current, loads, sizes, 3, ["3"], "ding-table", 0.3)
+    assert info["migration_cost"] >= sum(s for s, a, b in zip(sizes, current, myopic,
+                                                              strict=True) if a != b)

@@ -40,8 +40,9 @@ import hashlib
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,8 @@ from control.strategies import rebalance
 # Loads are floats: a range whose load exceeds the cap by less than this relative
 # tolerance is accepted (so an exactly balanced split at τ = 0 is feasible).
 CAP_TOLERANCE = 1e-9
-PLANNERS = ("ding", "ding-ordered", "ding-table", "mtm", "consistent-hash", "balanced", "flux", "scratch")
+PLANNERS = ("ding", "ding-ordered", "ding-table", "mtm", "mtm-table", "consistent-hash",
+            "balanced", "flux", "scratch")
 
 
 @dataclass(frozen=True)
@@ -798,43 +800,72 @@ def plan_mtm(problem: MigrationProblem, mtm: dict[int, dict[int, float]], gamma:
     current cap, so the result is feasible whenever ``plan_ding``'s is.
     """
     started = time.perf_counter()
+    _check_mtm(mtm, gamma)
+    myopic = plan_ding(problem)
+    if not myopic.feasible:
+        return dataclasses.replace(myopic, planner="mtm")
+    start = partition_of(problem.current)
+
+    def successors(p: Partition, workers: int, t: float) -> Partition | None:
+        return _ding_from(p, problem, workers, t)
+
+    best, projected, candidates = _look_ahead(
+        start, problem.target_workers, mtm, gamma, depth, tightenings, iterations,
+        successors, lambda p: len(p) - 1,
+        lambda a, b: transition_cost(a, b, problem.state_sizes))
+    # Relabel the chosen partition onto worker ids with Ding's own matching: Ding with the
+    # cap tightened to exactly this partition's bottleneck may still pick another split
+    # of equal cost, so match ranges to owners directly.
+    assignment = _label_partition(problem, best)
+    return evaluate(problem, "mtm", assignment, (time.perf_counter() - started) * 1e3,
+                    extra={"projected_cost": projected, "gamma": gamma,
+                           "candidates": candidates, "myopic_cost": myopic.migration_cost})
+
+
+def _check_mtm(mtm: dict[int, dict[int, float]], gamma: float) -> None:
     if not 0 <= gamma < 1:
         raise PlanningError("gamma: must be in [0, 1)")
     for n, row in mtm.items():
         total = sum(row.values())
         if any(p < 0 for p in row.values()) or (row and abs(total - 1) > 1e-6):
             raise PlanningError(f"mtm[{n}]: probabilities must be >= 0 and sum to 1")
-    myopic = plan_ding(problem)
-    if not myopic.feasible:
-        return dataclasses.replace(myopic, planner="mtm")
-    start = partition_of(problem.current)
-    n2 = problem.target_workers
+
+
+def _look_ahead(start: Any, n2: int, mtm: dict[int, dict[int, float]], gamma: float,
+                depth: int, tightenings: Sequence[float], iterations: int,
+                successors: Callable[[Any, int, float], Any | None],
+                workers_of: Callable[[Any], int],
+                cost: Callable[[Any, Any], float]) -> tuple[Any, float, int]:
+    """Def. 4.1's look-ahead over a finite candidate set (see ``plan_mtm``), for any
+    layout form: ``successors(layout, n, t)`` is the myopic planner from ``layout`` to
+    n workers under cap ladder step t (None: infeasible), ``cost(a, b)`` the state moved.
+    Returns the chosen candidate for ``n2``, its projected cost and the candidates seen."""
     # Candidates for this step, then successors level by level.
-    by_count: dict[int, set[Partition]] = {}
-    frontier: set[Partition] = set()
+    by_count: dict[int, set[Any]] = {}
+    frontier: set[Any] = set()
     for t in tightenings:
-        p = _ding_from(start, problem, n2, t)
+        p = successors(start, n2, t)
         if p is not None:
             frontier.add(p)
     by_count.setdefault(n2, set()).update(frontier)
     for _ in range(depth):
-        nxt: set[Partition] = set()
+        nxt: set[Any] = set()
         for p in frontier:
-            for n3, prob in mtm.get(len(p) - 1, {}).items():
+            for n3, prob in mtm.get(workers_of(p), {}).items():
                 if prob <= 0:
                     continue
                 for t in tightenings:
-                    q = _ding_from(p, problem, n3, t)
+                    q = successors(p, n3, t)
                     if q is not None and q not in by_count.get(n3, set()):
                         nxt.add(q)
                         by_count.setdefault(n3, set()).add(q)
         frontier = nxt
     everything = [p for ps in by_count.values() for p in ps]
-    cost_cache: dict[tuple[Partition, Partition], float] = {}
+    cost_cache: dict[tuple[Any, Any], float] = {}
 
-    def c(a: Partition, b: Partition) -> float:
+    def c(a: Any, b: Any) -> float:
         if (a, b) not in cost_cache:
-            cost_cache[(a, b)] = transition_cost(a, b, problem.state_sizes)
+            cost_cache[(a, b)] = cost(a, b)
         return cost_cache[(a, b)]
 
     projected = {p: 0.0 for p in everything}
@@ -842,7 +873,7 @@ def plan_mtm(problem: MigrationProblem, mtm: dict[int, dict[int, float]], gamma:
         delta = 0.0
         for p in everything:
             value = 0.0
-            for n3, prob in mtm.get(len(p) - 1, {}).items():
+            for n3, prob in mtm.get(workers_of(p), {}).items():
                 options = by_count.get(n3)
                 if prob > 0 and options:
                     value += prob * min(c(p, q) + gamma * projected[q] for q in options)
@@ -852,15 +883,81 @@ def plan_mtm(problem: MigrationProblem, mtm: dict[int, dict[int, float]], gamma:
             break
     here = by_count[n2]
     best = min(here, key=lambda p: (c(start, p) + gamma * projected[p], c(start, p), p))
-    # Relabel the chosen partition onto worker ids with Ding's own matching: Ding with the
-    # cap tightened to exactly this partition's bottleneck may still pick another split
-    # of equal cost, so match ranges to owners directly.
-    assignment = _label_partition(problem, best)
-    plan = evaluate(problem, "mtm", assignment, (time.perf_counter() - started) * 1e3,
-                    extra={"projected_cost": projected[best], "gamma": gamma,
-                           "candidates": len(everything),
-                           "myopic_cost": myopic.migration_cost})
-    return plan
+    return best, projected[best], len(everything)
+
+
+# --- MTM look-ahead on a routing table (ours) ------------------------------------------
+
+Table = tuple[int, ...]  # worker id per group
+
+
+def canonical_table(assignment: Sequence[int]) -> Table:
+    """Worker ids renumbered by first appearance: two tables that differ only in labels
+    are one layout (a transition's cost is label-free)."""
+    ids: dict[int, int] = {}
+    return tuple(ids.setdefault(w, len(ids)) for w in assignment)
+
+
+def table_transition_cost(a: Sequence[int], b: Sequence[int],
+                          state_sizes: Sequence[float]) -> float:
+    """c(A, B) for routing tables, worker labels free: the state that moves when B's
+    workers are matched to A's so as to keep the most in place (a maximum-weight
+    bipartite matching, scipy's ``linear_sum_assignment``) — Lemma 4.1's label freedom
+    without the ranges."""
+    from scipy.optimize import linear_sum_assignment
+
+    ia = {w: i for i, w in enumerate(sorted(set(a)))}
+    ib = {w: i for i, w in enumerate(sorted(set(b)))}
+    shared = np.zeros((len(ia), len(ib)))
+    for g, size in enumerate(state_sizes):
+        shared[ia[a[g]], ib[b[g]]] += size
+    rows, cols = linear_sum_assignment(shared, maximize=True)
+    return float(sum(state_sizes) - shared[rows, cols].sum())
+
+
+def plan_mtm_table(problem: MigrationProblem, mtm: dict[int, dict[int, float]],
+                   gamma: float = 0.8, depth: int = 1,
+                   tightenings: Sequence[float] = (1.0, 0.75, 0.5, 0.25, 0.0),
+                   iterations: int = 50) -> MigrationPlan:
+    """``mtm-table``: Def. 4.1's look-ahead (``plan_mtm``) on a routing table, what a
+    running Spark query's placement is (ours: the paper plans contiguous ranges). The
+    candidates are ``ding-table`` plans from the current table and, ``depth`` levels
+    deep, from every candidate, under τ scaled by each t ∈ ``tightenings``; the cost
+    between two tables is ``table_transition_cost``. γ = 0 (or an MTM without successors)
+    gives ``plan_table``'s cost; every candidate meets the current cap."""
+    started = time.perf_counter()
+    _check_mtm(mtm, gamma)
+    myopic = plan_table(problem)
+    if not myopic.feasible:
+        return dataclasses.replace(myopic, planner="mtm-table")
+    labelled: dict[Table, Table] = {}  # this step's candidates, with the problem's ids
+    start = canonical_table(problem.current)
+
+    def successors(table: Table, workers: int, t: float) -> Table | None:
+        current = problem.current if table == start else table
+        if problem.nonempty and workers > len(table):
+            return None
+        try:
+            plan = plan_table(MigrationProblem(problem.loads, problem.state_sizes,
+                                               tuple(current), workers, problem.tau * t,
+                                               problem.nonempty))
+        except PlanningError:
+            return None
+        if not plan.feasible or plan.max_load > problem.cap * (1 + CAP_TOLERANCE):
+            return None
+        key = canonical_table(plan.assignment)
+        if table == start:
+            labelled.setdefault(key, plan.assignment)
+        return key
+
+    best, projected, candidates = _look_ahead(
+        start, problem.target_workers, mtm, gamma, depth, tightenings, iterations,
+        successors, lambda table: len(set(table)),
+        lambda a, b: table_transition_cost(a, b, problem.state_sizes))
+    return evaluate(problem, "mtm-table", labelled[best],
+                    (time.perf_counter() - started) * 1e3,
+                    extra={"projected_cost": projected, "gamma": gamma,
+                           "candidates": candidates, "myopic_cost": myopic.migration_cost})
 
 
 def _label_partition(problem: MigrationProblem, partition: Partition) -> list[int]:
@@ -908,6 +1005,8 @@ def plan(problem: MigrationProblem, planner: str, **options: object) -> Migratio
         return plan_table(problem)
     if planner == "mtm":
         return plan_mtm(problem, **options)  # type: ignore[arg-type]
+    if planner == "mtm-table":
+        return plan_mtm_table(problem, **options)  # type: ignore[arg-type]
     if planner == "consistent-hash":
         return plan_consistent_hash(problem)
     if planner == "balanced":

@@ -471,7 +471,8 @@ class HarnessLoop:
         self.waiting += [self.run.bus.send_command(command, deadline=deadline, **args)
                          for command, args in live.reconfiguration_commands(
                              decision.current, decision.chosen, decision.action,
-                             decision.inputs.get("rebalance"))]
+                             decision.inputs.get("rebalance"),
+                             planner=decision.inputs.get("migration_planner"))]
 
 
 def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list[float],

@@ -37,8 +37,8 @@ STRATEGIES = schedules.STRATEGIES
 # Batches a migration step may take to run each moved group on its target.
 STEP_RETRIES = 3
 # The planners a running query accepts: the library's, less "ding-ordered" and "mtm"
-# (they plan contiguous key ranges, and a running query's groups are a routing table);
-# the runtime's default first.
+# (they plan contiguous key ranges, and a running query's groups are a routing table;
+# "mtm-table" is the look-ahead on a table); the runtime's default first.
 PLANNERS = ("ding-table",) + tuple(p for p in planners.PLANNERS
                                    if p not in ("ding-table", "ding-ordered", "mtm"))
 
@@ -129,7 +129,8 @@ def plan_steps(current: Sequence[str], target: Sequence[str], strategy: str,
 
 def plan_target(current: Sequence[str], loads: Sequence[float], sizes: Sequence[float],
                 workers: int, new_executors: Sequence[str] = (), planner: str = "ding-table",
-                tau: float = 0.2) -> tuple[list[str], dict[str, Any]]:
+                tau: float = 0.2, options: dict[str, Any] | None = None,
+                ) -> tuple[list[str], dict[str, Any]]:
     """Which executor each group should live on after the change to ``workers``.
 
     Ding et al. ("Optimal Operator State Migration for Elastic Data Stream Processing")
@@ -139,7 +140,8 @@ def plan_target(current: Sequence[str], loads: Sequence[float], sizes: Sequence[
     still empty); scaling down, the planner chooses which current executors retire
     (those whose groups are cheapest to move). If the planner finds no feasible plan
     (e.g. one group heavier than the cap) LPT balancing is used, and the reason is
-    returned with the plan.
+    returned with the plan. ``options`` go to the planner (``mtm-table``: ``mtm``, the
+    Markov transition matrix of worker counts, and ``gamma``).
     """
     if planner not in PLANNERS:
         raise ElasticError(f"planner must be one of {', '.join(PLANNERS)}, got {planner!r}")
@@ -162,7 +164,7 @@ def plan_target(current: Sequence[str], loads: Sequence[float], sizes: Sequence[
     info: dict[str, Any] = {"planner": planner, "tau": tau}
     result: planners.MigrationPlan | None
     try:
-        result = planners.plan(problem, planner)
+        result = planners.plan(problem, planner, **(options or {}))
     except PlanningError as exc:
         result = None
         info["fallback_reason"] = str(exc)

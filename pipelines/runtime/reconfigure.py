@@ -188,6 +188,29 @@ class Reconfigurer:
             raise elastic.ElasticError(f"tau must be a number 0..10, got {tau!r}")
         return schedule, gap, planner, float(tau)
 
+    def _planner_options(self, args: dict[str, Any], planner: str) -> dict[str, Any]:
+        """``mtm-table``'s Markov transition matrix of worker counts ({"n": {"n'": p}},
+        each row summing to 1) and its discount ``mtm_gamma`` in [0, 1)."""
+        if planner != "mtm-table":
+            return {}
+        raw, gamma = args.get("mtm"), args.get("mtm_gamma", 0.8)
+        if not isinstance(raw, dict):
+            raise elastic.ElasticError('mtm-table needs "mtm": {"n": {"n2": probability}}')
+        try:
+            mtm = {int(n): {int(m): float(prob) for m, prob in row.items()}
+                   for n, row in raw.items()}
+        except (AttributeError, TypeError, ValueError):
+            raise elastic.ElasticError("mtm: worker counts map to {worker count: "
+                                       "probability}") from None
+        for n, row in mtm.items():
+            if any(not 0 <= prob <= 1 for prob in row.values()) or (
+                    row and abs(sum(row.values()) - 1) > 1e-6):
+                raise elastic.ElasticError(f"mtm[{n}]: probabilities in [0, 1] summing to 1")
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) \
+                or not 0 <= gamma < 1:
+            raise elastic.ElasticError(f"mtm_gamma must be in [0, 1), got {gamma!r}")
+        return {"mtm": mtm, "gamma": float(gamma)}
+
     def _migrate(self, target: list[str], reason: str, schedule: str,
                  gap: int) -> elastic.Migration:
         """Start a paced migration to ``target`` and wait for it (verified or failed)."""
@@ -231,6 +254,7 @@ class Reconfigurer:
         if mode not in ("planned", "kill"):
             return False, f"mode must be 'planned' or 'kill', got {mode!r}", {}
         schedule, gap, planner, tau = self._options(args)
+        options = self._planner_options(args, planner)
         started = time.time()
         executors = self.runner.executors
         before = self.runner.executors_now()
@@ -255,12 +279,14 @@ class Reconfigurer:
             self.runner.workers = len(ids)
             new = [e for e in ids if e not in before]
             target, info = elastic.plan_target(self.routing.snapshot(), self.metrics.loads(),
-                                               self.metrics.group_bytes, n, new, planner, tau)
+                                               self.metrics.group_bytes, n, new, planner, tau,
+                                               options)
             migration = self._migrate(target, f"scale up to {n} workers", schedule, gap)
             released: list[str] = []
         elif n < len(before):
             target, info = elastic.plan_target(self.routing.snapshot(), self.metrics.loads(),
-                                               self.metrics.group_bytes, n, [], planner, tau)
+                                               self.metrics.group_bytes, n, [], planner, tau,
+                                               options)
             migration = self._migrate(target, f"scale down to {n} workers", schedule, gap)
             if not migration.done.is_set() or migration.failed:
                 return False, (f"scale down to {n} stopped: migration {migration.id} "
