@@ -2,6 +2,7 @@
 computations, and the three MPC solvers against each other."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -212,7 +213,7 @@ def test_the_power_budget_is_hard_and_microbatch_latency_follows_the_model() -> 
     rho, _tp, latency, _p, _q = mpc.predict(mpc.MpcProblem(**base), mpc.Config(2, 2.0), 1500.0)
     assert rho == pytest.approx(0.75)
     assert latency == pytest.approx(sm.MicroBatchModel(0.5, 1e-3).latency_quantile(1500, 2, 0.95))
-    power = sm.PowerModel(sm.ASSUMED_VOLTAGES)
+    power = sm.power_model()  # the MPC's default
     budget = power.power(2, 1.2) + 1e-9  # only (1|2 workers, 1.2 GHz) and (1, 2.0) fit
     capped = mpc.decide(mpc.MpcProblem(**base, power_budget_w=budget), "dp")
     assert power.power(capped.chosen.workers, capped.chosen.freq_ghz) <= budget
@@ -428,3 +429,22 @@ def test_node_strategies_run_at_maximum_frequency() -> None:
     assert mpc.strategy_freqs("th-power", freqs) == freqs
     node = MpcController("th-node", tuple(range(1, 13)), freqs, forecaster=fc.LastValue())
     assert node.step(mpc.Config(6, 1.2), 200_000, 2.5e-5, 1, 1).chosen.freq_ghz == 2.0
+
+
+def test_one_power_model_for_simulation_and_live_runs() -> None:
+    from control.sim import engine
+    from pipelines.runtime import power
+
+    sim_power = engine.SystemModel(min_workers=1, max_workers=12).power
+    for n, f in ((12, 2.0), (1, 1.2), (4, 2.45)):
+        assert sim_power.power(n, f) == pytest.approx(power.modelled_power(n, f))
+    assert power.modelled_power(12, 2.0) == pytest.approx(12 * sm.WATTS_PER_CORE_AT_2GHZ)
+    # The watts' calibration (C_eff) never changes what a power-aware MPC decides.
+    rng = random.Random(11)
+    for _ in range(40):
+        problem = _random_problem(rng)
+        if problem.power_budget_w is not None or problem.resource != "power":
+            continue
+        other = dataclasses.replace(problem, power=sm.PowerModel(sm.ASSUMED_VOLTAGES,
+                                                                 c_eff=1.0))
+        assert mpc.decide(problem).chosen == mpc.decide(other).chosen

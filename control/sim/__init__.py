@@ -146,6 +146,11 @@ def build_controller(spec: Any, scn: en.Scenario, index: int = 0) -> tuple[str, 
         for key in ("alpha", "beta"):
             if key in spec:
                 params[key] = _num(spec, key, None, 0, where)
+        if "qos" in spec:
+            # Table 7.5's distributed runs cost throughput by Eq. 7.1 (alpha·e^rho).
+            if spec["qos"] not in mpc.QOS_KINDS:
+                raise ScenarioError(f"{where}qos: one of {', '.join(mpc.QOS_KINDS)}")
+            params["qos"] = spec["qos"]
         if not switching:
             horizon = 1
         ctl = MpcController(

@@ -61,9 +61,8 @@ class SystemModel:
     # rho_max / rho_min > 1.3, never in the step right after a reconfiguration.
     rebalance_rho_max: float = 1.1
     rebalance_ratio: float = 1.3
-    # The artifact's power cost: V(f)^2 * f * (n + 3) (emitter, collector, controller).
-    power: sm.PowerModel = field(default_factory=lambda: sm.PowerModel(
-        sm.ASSUMED_VOLTAGES, c_eff=1.0, extra_cores=3))
+    # The one power model of simulation and live runs (sysmodel.power_model).
+    power: sm.PowerModel = field(default_factory=sm.power_model)
 
     @property
     def f_max(self) -> float:

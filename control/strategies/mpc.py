@@ -5,7 +5,10 @@ J = sum_{i=0..h-1} L(i),  L(i) = Q(q~(tau+i)) + R(u(tau+i)) + S(u(tau+i) - u(tau
 
 * Q: throughput ``alpha * T_S`` (Eq. 6.13), latency ``alpha * exp(R_Q / delta)``
   (Eq. 6.14), or throughput ``alpha * exp(rho)`` (Eq. 7.1);
-* R: ``beta * n`` (Eq. 6.15) or ``beta * P`` (Eq. 6.16);
+* R: ``beta * n`` (Eq. 6.15) or ``beta * P`` (Eq. 6.16), P in the artifact's units
+  (n + extra)·f·V(f)² (``PowerModel.cost_units``): Table 7.2's weights are tuned for
+  them, and the watts' calibration C_eff must not change a decision (the power budget
+  is in watts);
 * S: ``gamma * ||Delta u||^2`` (Eq. 6.17) with f in integer steps of ``f_step`` GHz, so
   one frequency step weighs like one worker (the artifact's (f - f_min) * 10).
 
@@ -142,7 +145,7 @@ class MpcProblem:
     f_step: float = 0.1
     time_unit_s: float = 1e-6  # Eq. 6.13's T_S is costed in this unit
     utilisation_margin: float = 1.0  # the artifact uses 0.95: rho = T_S^id/(0.95 T_A)
-    power: sm.PowerModel = field(default_factory=lambda: sm.PowerModel(sm.ASSUMED_VOLTAGES))
+    power: sm.PowerModel = field(default_factory=sm.power_model)
     latency_model: str = "kingman"
     batch_overhead_s: float = 0.0  # microbatch: o, the fixed cost of one batch
     latency_quantile: float = 0.95  # microbatch: which latency quantile is predicted
@@ -264,7 +267,7 @@ def resource_cost(problem: MpcProblem, u: Config) -> float:
         return OVER_BUDGET * (1.0 + (power - budget) / budget)
     if problem.resource == "node":
         return problem.beta * u.workers  # Eq. 6.15
-    return problem.beta * power  # Eq. 6.16
+    return problem.beta * problem.power.cost_units(u.workers, u.freq_ghz)  # Eq. 6.16
 
 
 def switching_cost(problem: MpcProblem, prev: Config, u: Config) -> float:
@@ -322,8 +325,9 @@ def _stage_tables(problem: MpcProblem) -> tuple[np.ndarray, np.ndarray]:
     v = np.tile([problem.power.voltage(fv) for fv in problem.freq_options],
                 len(problem.worker_options))
     pm = problem.power
-    power = pm.static_w + pm.c_eff * (n + pm.extra_cores) * f * v * v
-    resource = problem.beta * (n if problem.resource == "node" else power)
+    units = (n + pm.extra_cores) * f * v * v  # PowerModel.cost_units
+    power = pm.static_w + pm.c_eff * units
+    resource = problem.beta * (n if problem.resource == "node" else units)
     if problem.power_budget_w is not None:
         budget = problem.power_budget_w
         resource = np.where(power > budget, OVER_BUDGET * (1.0 + (power - budget) / budget),

@@ -168,8 +168,26 @@ class PowerModel:
         return self.static_w + self.c_eff * (workers + self.extra_cores) * f \
             * self.voltage(f) ** 2
 
+    def cost_units(self, workers: int, f: float) -> float:
+        """The dynamic part without C_eff, (n + extra)·f·V(f)², the artifact's power cost
+        that Table 7.2's weights are tuned for: what an MPC prices, so that calibrating
+        the watts (C_eff) never changes a decision."""
+        return (workers + self.extra_cores) * f * self.voltage(f) ** 2
+
 
 # The thesis' machine: 1.2-2.0 GHz in 0.1 GHz steps (9 P-states), TurboBoost off (§7.2).
 THESIS_FREQUENCIES_GHZ = tuple(round(1.2 + 0.1 * i, 1) for i in range(9))
-# An assumed linear V(f), 0.8 V at 1.2 GHz to 1.1 V at 2.0 GHz (not a measurement).
+# An assumed linear V(f), 0.8 V at 1.2 GHz to 1.1 V at 2.0 GHz, flat outside (not a
+# measurement; the thesis gives no voltage table).
 ASSUMED_VOLTAGES = {1.2: 0.8, 2.0: 1.1}
+# An assumed ~10 W per busy core at 2.0 GHz / 1.1 V (not a measurement: the thesis gives
+# no C_eff). The one source of the modelled watts: the simulator, the Strategy Lab, the
+# MPC's power budget and the live runner's "modelled" power all use ``power_model()``.
+WATTS_PER_CORE_AT_2GHZ = 10.0
+C_EFF_W = WATTS_PER_CORE_AT_2GHZ / (2.0 * 1.1**2)
+
+
+def power_model(extra_cores: int = 0, static_w: float = 0.0) -> PowerModel:
+    """Eq. 6.11 with the constants above: one model for simulation and live runs."""
+    return PowerModel(ASSUMED_VOLTAGES, c_eff=C_EFF_W, extra_cores=extra_cores,
+                      static_w=static_w)

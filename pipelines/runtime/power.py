@@ -5,9 +5,9 @@ Two backends, chosen once per runner:
 * **RAPL** (``/sys/class/powercap/intel-rapl:*/energy_uj``): measured package power
   from energy counter deltas, labelled ``measured``.
 * **Model** otherwise, labelled ``modelled``: the thesis' dynamic CPU power model
-  P ~ C_eff * n * f * V(f)^2 (thesis Eq. 6.11, §6.2.2), plus an optional static part.
-  The thesis gives no C_eff and no voltage table (only relative values matter for
-  ranking configurations); the constants below are stated assumptions, not readings.
+  P ~ C_eff * n * f * V(f)^2 (thesis Eq. 6.11, §6.2.2), the control library's
+  ``sysmodel.power_model()`` — the same model and constants as the simulator and the
+  Strategy Lab. Its C_eff and voltages are stated assumptions, not readings.
 
 The CPU frequency comes from ``cpufreq`` when the kernel exposes it, else from
 ``/proc/cpuinfo`` ("cpu MHz"), else the model's nominal value; the source is reported.
@@ -20,31 +20,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Assumed model constants (modelled, not measured): a per-core dynamic power of
-# ~10 W at the nominal 2.4 GHz / 1.1 V point, and 0 W static (the thesis ignores it).
+# The frequency reported when neither cpufreq nor /proc/cpuinfo says one.
 NOMINAL_GHZ = 2.4
-NOMINAL_VOLT = 1.1
-WATTS_PER_CORE_AT_NOMINAL = 10.0
-C_EFF = WATTS_PER_CORE_AT_NOMINAL / (NOMINAL_GHZ * NOMINAL_VOLT**2)
 
 
-def voltage_for(f_ghz: float) -> float:
-    """A linear V(f) assumption between 0.8 V at 1.2 GHz and 1.1 V at 2.4 GHz."""
-    return max(0.7, 0.8 + (f_ghz - 1.2) * (0.3 / 1.2))
+def power_model() -> Any:
+    """Thesis Eq. 6.11 as the control library's ``sysmodel.PowerModel``: what the
+    controller predicts is what the chart shows, and what the simulator draws."""
+    from control.sysmodel import power_model as shared
+
+    return shared()
 
 
 def modelled_power(workers: int, f_ghz: float, static_w: float = 0.0) -> float:
     """Thesis Eq. 6.11: P = C_eff * n * f * V(f)^2 (+ static part)."""
-    return static_w + C_EFF * workers * f_ghz * voltage_for(f_ghz) ** 2
-
-
-def power_model() -> Any:
-    """The same Eq. 6.11 model as ``modelled_power``, as the control library's
-    ``sysmodel.PowerModel``: what the controller predicts is what the chart shows.
-    ``voltage_for`` is linear from 0.7 V at 0.8 GHz upwards, flat below."""
-    from control.sysmodel import PowerModel
-
-    return PowerModel({0.8: 0.7, 8.0: voltage_for(8.0)}, c_eff=C_EFF)
+    return static_w + power_model().power(workers, f_ghz)
 
 
 def read_frequency_ghz() -> tuple[float, str]:
