@@ -469,3 +469,23 @@ def test_state_is_named_per_stateful_operator_from_the_checkpoint(tmp_path) -> N
     # A shape the order does not explain: Spark's own names.
     assert placement.operator_labels(list(reversed(nodes)), ops) == [
         "operator 0 (transformWithStateInPandasExec)", "operator 1 (stateStoreSave)"]
+
+
+def test_closed_loop_traces_differ_by_seed_with_the_same_shape() -> None:
+    from pipelines.runtime import bench
+
+    one = bench.loop_trace(1000.0, 1.05, 40, 90, 60, 120, seed=1)
+    again = bench.loop_trace(1000.0, 1.05, 40, 90, 60, 120, seed=1)
+    two = bench.loop_trace(1000.0, 1.05, 40, 90, 60, 120, seed=2)
+    assert one == again and one != two and len(one) == len(two)
+    peak = 1050.0
+    for trace in (one, two):
+        assert max(trace) == pytest.approx(peak) and min(trace) == pytest.approx(0.25 * peak)
+        assert trace.count(peak) >= 90  # the step's hold
+    assert bench.loop_medians([
+        {"strategy": "lat-node", "latency_violations": v, "throughput_violations": 0,
+         "reconfigurations": r, "mean_workers": 1.5, "mean_power_w_modelled": 20.0,
+         "verifier": {"ok": True}} for v, r in ((3, 4), (9, 2), (5, 6))])["lat-node"] == {
+        "runs": 3, "latency_violations": 5, "throughput_violations": 0,
+        "reconfigurations": 4, "mean_workers": 1.5, "mean_power_w_modelled": 20.0,
+        "verifier_ok": 3}

@@ -27,7 +27,9 @@ ratios, which compare runs made minutes apart on the same machine.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import random
 import signal
 import statistics
 import sys
@@ -276,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-s", type=float, default=6.0, help="closed-loop: control step")
     ap.add_argument("--loop-seconds", default="40,90,60,120",
                     help="closed-loop: low, high, low, random-walk seconds")
+    ap.add_argument("--seeds", default="1",
+                    help="closed-loop: comma-separated trace seeds, one repetition each "
+                         "(1: the thesis' walk); static strategies run once")
     ap.add_argument("--loop-keys", type=int, default=1_000_000,
                     help="closed-loop: uniform keys (0: the 2,836-symbol HFT distribution)")
     ap.add_argument("--reconfigs", type=int, default=10,
@@ -311,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                 queries.definition(args.nexmark, args.rate)))
             if refusal:
                 raise ValueError(f"--nexmark {args.nexmark}: {refusal}")
+        if not args.seeds or any(not x.strip().isdigit() for x in args.seeds.split(",")):
+            raise ValueError("--seeds: comma-separated whole numbers, e.g. 1,2,3")
         if len([int(x) for x in args.loop_seconds.split(",")]) != 4:
             raise ValueError("--loop-seconds needs four whole numbers")
         if not 2 <= args.groups <= 256 or args.rate <= 0 or min(keys) < 1 or args.steady < 2:
@@ -386,16 +393,29 @@ LOOP_WARMUP_S = 120
 
 
 def loop_trace(capacity: float, peak_factor: float, low_s: int, high_s: int,
-               down_s: int, walk_s: int) -> list[float]:
+               down_s: int, walk_s: int, seed: int = 1) -> list[float]:
     """Warm-up, then step up, hold, step down; then the thesis' random walk (its shape
     rescaled to 25-100 % of the peak); peak = peak_factor x one worker's capacity, so
-    one worker saturates at the peak."""
+    one worker saturates at the peak.
+
+    Seed 1 is the thesis' walk itself. Another seed walks the same one-second steps in
+    a seeded random order (the same step sizes, another path) and moves the step up by
+    up to a quarter of the low phase, so repetitions differ in both parts."""
     peak = peak_factor * capacity
     low = 0.3 * peak
     walk = [float(r) for r in definition.wl.read_rate_trace(
-        definition.resolve_data_path("elastic-hft/random_walk_rates"))][:walk_s]
+        definition.resolve_data_path("elastic-hft/random_walk_rates"))]
+    shift = 0
+    if seed != 1:
+        rng = random.Random(seed)
+        steps = [b - a for a, b in zip(walk, walk[1:])]
+        rng.shuffle(steps)
+        walk = list(itertools.accumulate(steps, initial=walk[0]))
+        shift = rng.randint(-low_s // 4, low_s // 4)
+    walk = walk[:walk_s]
     lo, hi = min(walk), max(walk)
-    return ([low] * (LOOP_WARMUP_S + low_s) + [peak] * high_s + [low] * down_s
+    return ([low] * (LOOP_WARMUP_S + low_s + shift) + [peak] * high_s
+            + [low] * (down_s - shift)
             + [peak * (0.25 + 0.75 * (r - lo) / (hi - lo)) for r in walk])
 
 
@@ -554,23 +574,52 @@ def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict
                                       log).to_json())
     log(f"closed loop: one worker's capacity {cal['capacity_rps']:.0f} records/s")
     low_s, high_s, down_s, walk_s = (int(x) for x in args.loop_seconds.split(","))
-    rates = loop_trace(cal["capacity_rps"], 1.05, low_s, high_s, down_s, walk_s)
+    seeds = [int(x) for x in args.seeds.split(",")]
     bound_ms = args.bound_ms or default_bound_ms(cal)
     out: dict[str, Any] = {"benchmark": "closed-loop", "calibration": cal,
                            "keys": args.loop_keys or "2,836-symbol distribution",
                            "bound_ms": bound_ms, "control_step_s": args.step_s,
-                           "trace_seconds": len(rates), "peak_rps": max(rates),
-                           "strategies": []}
-    for strategy in [s for s in args.strategies.split(",") if s]:
-        log(f"  {strategy} ...")
-        r = run_loop(master, work, args.redis_url, strategy, rates, 8, args.loop_keys,
-                     bound_ms / 1000.0, args.step_s, 2)
-        log(f"  {strategy:11s} latency violations {r['latency_violations']:3d}  throughput "
-            f"violations {r['throughput_violations']:3d}  reconfigurations "
-            f"{r['reconfigurations']:3d}  mean workers {r['mean_workers']:.2f}  mean power "
-            f"{r['mean_power_w_modelled']:.1f} W  verifier {r['verifier']['ok']}")
-        out["strategies"].append(r)
+                           "seeds": seeds, "strategies": []}
+    strategies = [s for s in args.strategies.split(",") if s]
+    for seed in seeds:
+        rates = loop_trace(cal["capacity_rps"], 1.05, low_s, high_s, down_s, walk_s, seed)
+        out.setdefault("trace_seconds", len(rates))
+        out.setdefault("peak_rps", max(rates))
+        for strategy in strategies:
+            # A static strategy does not react to the trace: once is enough.
+            if strategy.startswith("static") and seed != seeds[0]:
+                continue
+            log(f"  seed {seed}: {strategy} ...")
+            r = run_loop(master, work / f"seed{seed}", args.redis_url, strategy, rates, 8,
+                         args.loop_keys, bound_ms / 1000.0, args.step_s, 2)
+            r["seed"] = seed
+            log(f"  {strategy:11s} latency violations {r['latency_violations']:3d}  "
+                f"throughput violations {r['throughput_violations']:3d}  reconfigurations "
+                f"{r['reconfigurations']:3d}  mean workers {r['mean_workers']:.2f}  mean "
+                f"power {r['mean_power_w_modelled']:.1f} W  verifier {r['verifier']['ok']}")
+            out["strategies"].append(r)
+    out["medians"] = loop_medians(out["strategies"])
+    for strategy, m in out["medians"].items():
+        log(f"median {strategy:11s} over {m['runs']} run(s): latency violations "
+            f"{m['latency_violations']}  reconfigurations {m['reconfigurations']}  mean "
+            f"workers {m['mean_workers']:.2f}  mean power {m['mean_power_w_modelled']:.1f} W "
+            f"(modelled)  verifier OK {m['verifier_ok']}/{m['runs']}")
     return out
+
+
+LOOP_MEDIAN_FIELDS = ("latency_violations", "throughput_violations", "reconfigurations",
+                      "mean_workers", "mean_power_w_modelled")
+
+
+def loop_medians(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per strategy: the median of each outcome over its repetitions."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by.setdefault(r["strategy"], []).append(r)
+    return {name: {"runs": len(rs),
+                   **{f: statistics.median(r[f] for r in rs) for f in LOOP_MEDIAN_FIELDS},
+                   "verifier_ok": sum(1 for r in rs if r["verifier"]["ok"])}
+            for name, rs in by.items()}
 
 
 if __name__ == "__main__":
