@@ -39,6 +39,9 @@ SAMPLE_FIELDS = ("batch_id", "input_rows", "records", "input_rate", "scheduled_r
                  "state_rows", "frequency_source", "drift", "group_moves", "failed_tasks",
                  "groups", "migration")
 # Per-group arrays of a runner record, kept together as a sample's ``groups``.
+# A queued or running exactly-once check that has not reported for this long is taken
+# for dead (its worker died; the task's own limit is an hour) and may be asked again.
+VERIFY_STALE_S = 3700.0
 GROUP_FIELDS = ("placement", "ran_on", "group_bytes", "group_ms", "group_records",
                 "operator_bytes", "executor_hosts")
 
@@ -165,14 +168,22 @@ def request_verification(run: Run, actor: str, why: str = "") -> tuple[bool, str
     the whole run back). Returns (queued, what happened); a refusal (still active, or no
     kept output) is written to the run's log too."""
     refused = None
+    current = run.verification or {}
     if run.is_active or run.status == RunStatus.PENDING:
         refused = f"the run is {run.status}; verify it once it has ended"
     elif not run.keeps_output or not run.checkpoint_dir:
         refused = "this run kept no output (its sink's keep_output is off)"
+    elif current.get("state") in ("queued", "running") and \
+            time.time() - float(current.get("at") or 0) < VERIFY_STALE_S:
+        # One check at a time: a second job would overwrite the first one's verdict
+        # with its progress (and the page would flip from "OK" back to "checking").
+        return False, (f"an exactly-once check is already {current['state']}; its verdict "
+                       "will show here")
     if refused:
         record_event(run, EventKind.VERIFY_REQUESTED, actor, f"not verified: {refused}")
         return False, refused
-    state = {"state": "queued", "ok": None, "line": "queued", "done": 0, "of": 0}
+    state = {"state": "queued", "ok": None, "line": "queued", "done": 0, "of": 0,
+             "at": time.time()}
     Run.objects.filter(pk=run.pk).update(verification=state)
     run.verification = state
     message = "exactly-once check queued" + (f" ({why})" if why else "")

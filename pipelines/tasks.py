@@ -393,6 +393,7 @@ def verify_run(run_id: int, actor: str = "system") -> str:
     last_push = 0.0
 
     def store(state: dict[str, Any]) -> None:
+        state["at"] = time.time()  # a check silent for longer is stale (a dead worker)
         Run.objects.filter(pk=run_id).update(verification=state)
         run.verification = state
         actions.push(run_id, {"type": "run.status", "run": actions.run_state(run)})

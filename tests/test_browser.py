@@ -240,6 +240,12 @@ def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
         wait_for(lambda: Run.objects.get(pk=run.pk).is_terminal, 120, "the run to stop")
         browser.get(f"{base}/runs/{run.pk}/")
         browser.find_element(By.ID, "verify-run").click()
+        # The check queued on stop may still be running: the button then says so and
+        # queues no second one. Read the badge on the page the click led to.
+        WebDriverWait(browser, 30, poll_frequency=0.5,
+                      ignored_exceptions=(StaleElementReferenceException,)).until(
+            lambda d: "exactly-once check" in " ".join(
+                e.text for e in d.find_elements(By.CSS_SELECTOR, ".flash")))
         WebDriverWait(browser, 300, poll_frequency=1,
                       ignored_exceptions=(StaleElementReferenceException,
                                           NoSuchElementException)).until(

@@ -5,6 +5,7 @@ correct, then with one row lost."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -88,6 +89,16 @@ def test_a_run_is_verified_only_once_ended_and_only_with_kept_output(
     stopping.refresh_from_db()
     assert stopping.verification["state"] == "queued"
     assert "on stop" in stopping.events.get(kind="verify_requested").message
+    # One check at a time (a second would overwrite the first's verdict), unless the
+    # first has been silent for longer than a check may take.
+    again, why = actions.request_verification(stopping, "user:operator")
+    assert not again and "already queued" in why
+    from pipelines.models import Run
+
+    Run.objects.filter(pk=stopping.pk).update(verification={
+        **stopping.verification, "at": time.time() - actions.VERIFY_STALE_S - 1})
+    stopping.refresh_from_db()
+    assert actions.request_verification(stopping, "user:operator")[0]
 
 
 @pytest.mark.django_db(transaction=True)
