@@ -209,7 +209,8 @@ def _num(params: dict[str, Any], key: str, default: float, *, low: float,
 
 
 PARAMS: dict[str, tuple[str, ...]] = {
-    **{s: ("horizon", "switching", "alpha", "beta", "gamma", "forecaster") for s in MPC_STRATEGIES},
+    **{s: ("horizon", "switching", "alpha", "beta", "gamma", "forecaster",
+           "transition_weight") for s in MPC_STRATEGIES},
     "th-rule": ("theta_max", "theta_min"),
     "lat-rule": ("xi_max", "xi_min"),
     "spl": ("congestion_threshold", "sensitivity"),
@@ -241,6 +242,7 @@ def check_params(strategy: str, params: dict[str, Any]) -> dict[str, Any]:
         for key, default in (("alpha", 2.0), ("beta", 0.5)):
             _num(params, key, default, low=0, open_low=True)
         _num(params, "gamma", 0.4, low=0, open_low=True)
+        _num(params, "transition_weight", 1.0, low=0, high=100)
         if not isinstance(params.get("switching", True), bool):
             raise LoopError("switching: true (Sw, gamma > 0) or false (NoSw)")
         if params.get("forecaster", "holt") not in ("holt", "ma3", "last"):
@@ -470,15 +472,20 @@ def plan_rebalance(records: list[dict[str, Any]], threshold: float) -> dict[str,
 class TransitionMeter:
     """What a change of workers costs on this run, measured (issue 20; priced by the MPC
     through ``mpc.TransitionModel``, ours): the time from a scale-up decision to the
-    first batch on the new workers, and per migration the batch time above the fitted
-    model's over the bytes of state it moved (a moved group's state reloads on its new
-    executor inside the batches that carry the move). Medians of the last few."""
+    first batch on the new workers, and per migration the reload time over the bytes of
+    state it moved. A moved group's state reloads on its new executor in the first batch
+    it runs there: the reload time is the extra task time of the moved groups (their
+    task time then, minus the batch before), summed per receiving executor (its one core
+    reloads them in turn), the largest of these per batch. Where the runner reports no
+    per-group task times, the batch time above the fitted model stands in. Medians of
+    the last few."""
 
     executor_start_s: deque = field(default_factory=lambda: deque(maxlen=TRANSITION_SAMPLES))
     reload_s_per_byte: deque = field(default_factory=lambda: deque(maxlen=TRANSITION_SAMPLES))
     pending: list[float] | None = None  # [decided at t, workers wanted]
     migration: dict[str, Any] | None = None  # {"id", "excess_s", "bytes"} under way
     placement: list[Any] | None = None  # the previous batch's
+    group_ms: list[Any] | None = None  # the previous batch's task time per group
 
     def scale_decided(self, t: float, workers: int) -> None:
         self.pending = [float(t), float(workers)]
@@ -496,20 +503,35 @@ class TransitionMeter:
             if running:
                 if self.migration is None:
                     self.migration = {"id": running.get("id"), "excess_s": 0.0, "bytes": 0.0}
-                self.migration["bytes"] += self._moved_bytes(r)
-                rows, n = int(r.get("input_rows") or 0), int(r.get("workers") or 1)
-                freq = float(r.get("frequency_ghz") or f_max)
-                predicted = model.overhead_s + model.cost_s * rows * f_max / (n * freq)
-                took = (r.get("batch_duration_ms") or 0) / 1000.0
-                self.migration["excess_s"] += max(took - predicted, 0.0)
+                moved = self._moved(r)
+                sizes = r.get("group_bytes") or []
+                self.migration["bytes"] += float(sum(sizes[g] or 0 for g in moved
+                                                     if g < len(sizes)))
+                self.migration["excess_s"] += self._reload_s(r, moved, model, f_max)
             self.placement = r.get("placement")
+            self.group_ms = r.get("group_ms")
 
-    def _moved_bytes(self, r: dict[str, Any]) -> float:
-        now, sizes = r.get("placement"), r.get("group_bytes") or []
+    def _moved(self, r: dict[str, Any]) -> list[int]:
+        now = r.get("placement")
         if not now or not self.placement or len(now) != len(self.placement):
-            return 0.0
-        return float(sum(sizes[g] or 0 for g in range(min(len(now), len(sizes)))
-                         if now[g] != self.placement[g] and self.placement[g] is not None))
+            return []
+        return [g for g in range(len(now))
+                if now[g] != self.placement[g] and self.placement[g] is not None]
+
+    def _reload_s(self, r: dict[str, Any], moved: list[int], model: BatchModel,
+                  f_max: float) -> float:
+        now, before, placement = r.get("group_ms"), self.group_ms, r.get("placement")
+        if now and before and placement and len(now) == len(before) == len(placement):
+            per_receiver: dict[Any, float] = {}
+            for g in moved:
+                if now[g] is not None and before[g] is not None:
+                    per_receiver[placement[g]] = per_receiver.get(placement[g], 0.0) + max(
+                        now[g] - before[g], 0.0) / 1000.0
+            return max(per_receiver.values(), default=0.0)
+        rows, n = int(r.get("input_rows") or 0), int(r.get("workers") or 1)
+        freq = float(r.get("frequency_ghz") or f_max)
+        predicted = model.overhead_s + model.cost_s * rows * f_max / (n * freq)
+        return max((r.get("batch_duration_ms") or 0) / 1000.0 - predicted, 0.0)
 
     def _finish(self) -> None:
         done, self.migration = self.migration, None
@@ -527,7 +549,8 @@ class TransitionMeter:
     def to_state(self) -> dict[str, Any]:
         return {"executor_start_s": list(self.executor_start_s),
                 "reload_s_per_byte": list(self.reload_s_per_byte), "pending": self.pending,
-                "migration": self.migration, "placement": self.placement}
+                "migration": self.migration, "placement": self.placement,
+                "group_ms": self.group_ms}
 
     @classmethod
     def from_state(cls, state: dict[str, Any] | None) -> TransitionMeter:
@@ -538,6 +561,7 @@ class TransitionMeter:
             meter.pending = state.get("pending")
             meter.migration = state.get("migration")
             meter.placement = state.get("placement")
+            meter.group_ms = state.get("group_ms")
         return meter
 
 
@@ -579,7 +603,7 @@ class LiveController:
                 "latency_model": "microbatch", "latency_quantile": LATENCY_QUANTILE,
                 "power_budget_w": p.power_budget_w,
                 "gamma": float(params.get("gamma", 0.4)) if switching else 0.0}
-            for key in ("alpha", "beta"):
+            for key in ("alpha", "beta", "transition_weight"):
                 if key in params:
                     mpc_params[key] = float(params[key])
             self._mpc = MpcController(

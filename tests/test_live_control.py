@@ -465,3 +465,37 @@ def test_the_runtime_plans_a_routing_table_with_the_mtm_look_ahead() -> None:
     myopic, _ = elastic.plan_target(current, loads, sizes, 3, ["3"], "ding-table", 0.3)
     assert info["migration_cost"] >= sum(s for s, a, b in zip(sizes, current, myopic,
                                                               strict=True) if a != b)
+
+
+def test_reload_time_is_read_from_the_moved_groups_task_times() -> None:
+    # Saturated batches are long because they are big, not because state moved: with
+    # per-group task times the meter counts only the moved groups' extra task time.
+    model = live.BatchModel(overhead_s=1.0, cost_s=1e-9)  # a slope not measured yet
+    meter = live.TransitionMeter()
+
+    def rec(t: float, placement: list[str], group_ms: list[float],
+            migration: str | None = None) -> dict:
+        return {"t": t, "workers": 2, "input_rows": 10**6, "batch_duration_ms": 15_000,
+                "frequency_ghz": F_MAX, "placement": placement, "group_ms": group_ms,
+                "group_bytes": [1e6] * 4, "migration": {"id": migration} if migration else None}
+
+    one, two = ["1"] * 4, ["1", "1", "2", "2"]
+    meter.observe([rec(10, one, [900] * 4), rec(25, two, [900, 900, 2900, 3900], "m"),
+                   rec(40, two, [900] * 4)], model, F_MAX)
+    # Groups 2 and 3 reloaded on executor 2: 2 s + 3 s there, for 2 MB.
+    assert list(meter.reload_s_per_byte) == [pytest.approx(5.0 / 2e6)]
+
+
+def test_a_transition_weight_of_zero_is_the_thesis_objective() -> None:
+    base = dict(worker_options=(1, 2), freq_options=(2.0,), current=Config(1, 2.0),
+                comp_time_s=5e-4, f_measured=2.0, latency_model="microbatch",
+                batch_overhead_s=1.0, latency_bound_s=6.0, qos="latency", resource="node",
+                rate_forecast=(600.0, 1500.0, 1500.0))
+    from control.strategies import mpc
+
+    move = mpc.TransitionModel(executor_start_s=2.0, reload_s_per_byte=1e-6, state_bytes=4e6)
+    plain = mpc.decide(mpc.MpcProblem(**base))
+    off = mpc.decide(mpc.MpcProblem(**base, transition=move, transition_weight=0.0))
+    assert off.chosen == plain.chosen and off.cost == pytest.approx(plain.cost)
+    with pytest.raises(live.LoopError, match="transition_weight"):
+        live.check_params("lat-node", {"transition_weight": -1})

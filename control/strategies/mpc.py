@@ -151,6 +151,7 @@ class MpcProblem:
     latency_quantile: float = 0.95  # microbatch: which latency quantile is predicted
     power_budget_w: float | None = None  # hard constraint (see the module docstring)
     transition: TransitionModel | None = None  # ours: a change's own latency
+    transition_weight: float = 1.0  # 0: the thesis' objective; >1 fears reloads more
 
     @property
     def horizon(self) -> int:
@@ -307,7 +308,8 @@ def transition_cost(problem: MpcProblem, prev: Config, u: Config, latency_s: flo
     extra = problem.transition.seconds(prev.workers, u.workers)
     if extra <= 0:
         return 0.0
-    return transition_qos(problem.alpha, latency_s, extra, problem.latency_bound_s)
+    return problem.transition_weight * transition_qos(problem.alpha, latency_s, extra,
+                                                      problem.latency_bound_s)
 
 
 # -------------------------------------------------------------------------- solvers
@@ -371,16 +373,17 @@ def _step_tables(problem: MpcProblem) -> tuple[np.ndarray, np.ndarray, np.ndarra
                                     + (f - cur.freq_ghz / problem.f_step) ** 2)
     moves = np.broadcast_to(switch, (h, *switch.shape))
     tr = problem.transition
-    if tr is not None and problem.qos == "latency":
+    weight = problem.transition_weight
+    if tr is not None and problem.qos == "latency" and weight > 0:
         extra = np.array([[tr.seconds(int(a), int(b)) for b in n] for a in n])
         if extra.any():
-            moves = switch[None, :, :] + np.stack([
+            moves = switch[None, :, :] + weight * np.stack([
                 transition_qos(problem.alpha, latency[i][None, :], extra,
                                problem.latency_bound_s) for i in range(h)])
         first = np.array([tr.seconds(cur.workers, int(b)) for b in n])
         if first.any():
-            from_current = from_current + transition_qos(problem.alpha, latency[0], first,
-                                                         problem.latency_bound_s)
+            from_current = from_current + weight * transition_qos(
+                problem.alpha, latency[0], first, problem.latency_bound_s)
     return stage, moves, from_current
 
 
