@@ -135,12 +135,15 @@ def verification_wire(doc: dict[str, Any] | None) -> dict[str, Any] | None:
             "badge": text, "css": css}
 
 
+@transaction.atomic
 def transition(run: Run, to: str, actor: str, reason: str = "",
                **fields: Any) -> bool:
     """Move ``run`` to status ``to`` if the lifecycle allows it from its current status.
 
     The update is conditional on the status read (compare-and-set), so concurrent
-    writers (relay, reconciler, tasks) cannot move a run backwards.
+    writers (relay, reconciler, tasks) cannot move a run backwards. The new status and
+    its event commit together: whoever sees the status finds the event (CI once read a
+    'lost' run before its reconciler event was written).
     """
     allowed_from = [src for src, targets in TRANSITIONS.items() if to in targets]
     now = timezone.now()
