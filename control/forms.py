@@ -5,7 +5,7 @@ import json
 from django import forms
 from django.conf import settings
 
-from control import jsonio, lab, live, sim, webhooks
+from control import jsonio, lab, sim, webhooks
 from control.models import Policy
 
 
@@ -72,19 +72,6 @@ class PolicyForm(forms.ModelForm):
                 "every worker is a 1-core executor.")
         return n
 
-    def clean(self) -> dict:
-        """The strategy's parameters, checked by the closed loop itself (horizon 1–5,
-        weights > 0, thresholds ordered, ...): an error names the parameter."""
-        data = super().clean()
-        strategy, params = data.get("strategy"), data.get("strategy_params")
-        if strategy and strategy != "manual" and isinstance(params, dict):
-            try:
-                live.check_params(strategy, params)
-            except live.LoopError as exc:
-                self.add_error("strategy_params", f"{exc}")
-        elif strategy == "manual" and params:
-            self.add_error("strategy_params", "The manual strategy takes no parameters.")
-        return data
 
 
 class LabForm(forms.Form):

@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from control.live import json_safe
+from control.live import LoopError, check_params, json_safe
 from control.strategies import STRATEGIES
 
 MAX_WORKERS_LIMIT = 64
@@ -100,6 +100,15 @@ class Policy(models.Model):
                                          f"max ({self.max_workers}) workers")
         if not isinstance(self.strategy_params, dict):
             errors["strategy_params"] = "must be a JSON object, e.g. {} or {\"horizon\": 2}"
+        elif self.strategy == "manual" and self.strategy_params:
+            errors["strategy_params"] = "The manual strategy takes no parameters."
+        elif self.strategy and self.strategy != "manual":
+            # The closed loop's own checks (horizon 1-5, weights > 0, thresholds
+            # ordered, ...), for every path that saves a policy: form, admin, Lab.
+            try:
+                check_params(self.strategy, self.strategy_params)
+            except LoopError as exc:
+                errors["strategy_params"] = str(exc)
         if errors:
             raise ValidationError(errors)
 
