@@ -302,10 +302,19 @@ class BatchModel:
     # about the slope, only about the level).
     slope_measured: bool = False
 
+    @staticmethod
+    def work(records: int, workers: int, freq: float, f_max: float) -> float:
+        """x = N·f_max/(n·f): a batch's records as one worker's records at f_max."""
+        return records * f_max / (workers * freq)
+
+    def duration(self, records: int, workers: int, freq: float, f_max: float) -> float:
+        """D = o + c·x: the batch time the fitted model expects."""
+        return self.overhead_s + self.cost_s * self.work(records, workers, freq, f_max)
+
     def add(self, records: int, duration_s: float, workers: int, freq: float,
             f_max: float) -> None:
         if records > 0 and duration_s > 0 and workers > 0 and freq > 0:
-            self.history.append((records * f_max / (workers * freq), duration_s))
+            self.history.append((self.work(records, workers, freq, f_max), duration_s))
 
     def fit(self) -> None:
         if not self.history:
@@ -528,9 +537,8 @@ class TransitionMeter:
                     per_receiver[placement[g]] = per_receiver.get(placement[g], 0.0) + max(
                         now[g] - before[g], 0.0) / 1000.0
             return max(per_receiver.values(), default=0.0)
-        rows, n = int(r.get("input_rows") or 0), int(r.get("workers") or 1)
-        freq = float(r.get("frequency_ghz") or f_max)
-        predicted = model.overhead_s + model.cost_s * rows * f_max / (n * freq)
+        predicted = model.duration(int(r.get("input_rows") or 0), int(r.get("workers") or 1),
+                                   float(r.get("frequency_ghz") or f_max), f_max)
         return max((r.get("batch_duration_ms") or 0) / 1000.0 - predicted, 0.0)
 
     def _finish(self) -> None:

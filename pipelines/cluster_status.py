@@ -54,6 +54,11 @@ def read_workers() -> list[cluster.WorkerStatus]:
         raise ClusterUnavailable(f"the Spark master does not answer: {exc}") from exc
 
 
+def alive_cores(workers: list[cluster.WorkerStatus]) -> int:
+    """Cores a policy may ask for: every worker of a run is a 1-core executor."""
+    return sum(w.cores for w in workers if w.alive)
+
+
 def cluster_cores() -> tuple[int, str]:
     """Cores the alive workers offer (every worker of a run is a 1-core executor) and
     where the number comes from; ``CLUSTER_CORES`` while the master cannot be read."""
@@ -62,7 +67,7 @@ def cluster_cores() -> tuple[int, str]:
     at, cores = _cores_cache.get(which, (0.0, None))
     if now - at > CORES_CACHE_S:
         try:
-            cores = sum(w.cores for w in read_workers() if w.alive) or None
+            cores = alive_cores(read_workers()) or None
         except ClusterUnavailable:
             cores = None
         _cores_cache[which] = (now, cores)
@@ -87,7 +92,7 @@ class ClusterOverview:
 
     @property
     def cores(self) -> int:
-        return sum(w.cores for w in self.workers if w.alive)
+        return alive_cores(self.workers)
 
     @property
     def cores_free(self) -> int:
