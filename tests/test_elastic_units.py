@@ -489,3 +489,21 @@ def test_closed_loop_traces_differ_by_seed_with_the_same_shape() -> None:
         "runs": 3, "latency_violations": 5, "throughput_violations": 0,
         "reconfigurations": 4, "mean_workers": 1.5, "mean_power_w_modelled": 20.0,
         "verifier_ok": 3}
+
+
+def test_closed_loop_results_file_reuses_only_runs_of_the_same_setting(tmp_path) -> None:
+    from pipelines.runtime import bench
+
+    path = tmp_path / "runs.jsonl"
+    same = {"capacity_rps": 1000.0, "bound_ms": 9000.0, "loop_seconds": "40,75,60,60",
+            "step_s": 6.0, "keys": 1_000_000}
+    other = {**same, "bound_ms": 8000.0}
+    path.write_text("\n".join([
+        json.dumps({"setting": same, "seed": 1, "strategy": "lat-node"}),
+        json.dumps({"setting": other, "seed": 1, "strategy": "lat-rule"}),
+        '{"setting": {"capacity_rps": 1000.0, "bou',  # a write cut short
+    ]) + "\n")
+    runs = bench.read_loop_results(path, same)
+    assert [(r["seed"], r["strategy"]) for r in runs] == [(1, "lat-node")]
+    assert bench.read_loop_results(tmp_path / "missing.jsonl", same) == []
+    assert bench.read_loop_results(None, same) == []

@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="1",
                     help="closed-loop: comma-separated trace seeds, one repetition each "
                          "(1: the thesis' walk); static strategies run once")
+    ap.add_argument("--results", default=None,
+                    help="closed-loop: a JSON-lines file each run is appended to; runs of "
+                         "the same setting found there are reused (resume)")
     ap.add_argument("--loop-keys", type=int, default=1_000_000,
                     help="closed-loop: uniform keys (0: the 2,836-symbol HFT distribution)")
     ap.add_argument("--reconfigs", type=int, default=10,
@@ -517,11 +520,19 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
         LiveController(policy)  # a policy the loop cannot run fails here, not mid-run
         run.wait_until(lambda: run.metrics[-1]["t"] >= run.t0 + LOOP_WARMUP_S - step_s,
                        LOOP_WARMUP_S + 60, "the end of the warm-up")
+        # The controller decides from batch WARMUP_BATCHES on (ids count from 0). Slow
+        # batches may not get there in LOOP_WARMUP_S: wait on into the low phase, but
+        # not past one step before the peak (a blind controller there proves nothing).
+        peak_at = run.t0 + next(i for i, r in enumerate(rates) if r > rates[0]) - step_s
+        run.wait_until(lambda: (run.metrics[-1]["batch_id"] >= live.WARMUP_BATCHES
+                                or time.time() >= peak_at),
+                       max(0.0, peak_at - time.time()) + 60, "the controller's warm-up")
         if run.metrics[-1]["batch_id"] < live.WARMUP_BATCHES:
             raise HarnessError(
-                f"{strategy}: only {run.metrics[-1]['batch_id'] + 1} batches in the "
-                f"{LOOP_WARMUP_S} s warm-up, the controller needs {live.WARMUP_BATCHES} "
-                "before it decides: slower batches than this benchmark expects")
+                f"{strategy}: {run.metrics[-1]['batch_id'] + 1} batches before the step, "
+                f"the controller decides only from batch {live.WARMUP_BATCHES + 1} on: "
+                "slower batches than this benchmark expects (lengthen the low phase, "
+                "--loop-seconds)")
         harness = HarnessLoop(run, Config(run.metrics[-1]["workers"], max(freqs)))
         loop = ControlLoop(policy=policy, metrics=harness, configuration=harness,
                            controllers=harness, decisions=harness, actuator=harness)
@@ -581,6 +592,13 @@ def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict
                            "bound_ms": bound_ms, "control_step_s": args.step_s,
                            "seeds": seeds, "strategies": []}
     strategies = [s for s in args.strategies.split(",") if s]
+    # Each run is appended to the results file as it ends; a run of the same setting
+    # found there is reused (an interrupted benchmark resumes instead of starting over).
+    setting = {"capacity_rps": round(cal["capacity_rps"], 1), "bound_ms": bound_ms,
+               "loop_seconds": args.loop_seconds, "step_s": args.step_s,
+               "keys": args.loop_keys}
+    results = Path(args.results) if args.results else None
+    done = {(r["seed"], r["strategy"]): r for r in read_loop_results(results, setting)}
     for seed in seeds:
         rates = loop_trace(cal["capacity_rps"], 1.05, low_s, high_s, down_s, walk_s, seed)
         out.setdefault("trace_seconds", len(rates))
@@ -589,10 +607,18 @@ def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict
             # A static strategy does not react to the trace: once is enough.
             if strategy.startswith("static") and seed != seeds[0]:
                 continue
-            log(f"  seed {seed}: {strategy} ...")
-            r = run_loop(master, work / f"seed{seed}", args.redis_url, strategy, rates, 8,
-                         args.loop_keys, bound_ms / 1000.0, args.step_s, 2)
-            r["seed"] = seed
+            if (seed, strategy) in done:
+                r = done[(seed, strategy)]
+                log(f"  seed {seed}: {strategy}: reused from {results}")
+            else:
+                log(f"  seed {seed}: {strategy} ...")
+                r = run_loop(master, work / f"seed{seed}", args.redis_url, strategy, rates,
+                             8, args.loop_keys, bound_ms / 1000.0, args.step_s, 2)
+                r["seed"] = seed
+                if results is not None:
+                    results.parent.mkdir(parents=True, exist_ok=True)
+                    with results.open("a") as f:
+                        f.write(json.dumps({"setting": setting, **r}) + "\n")
             log(f"  {strategy:11s} latency violations {r['latency_violations']:3d}  "
                 f"throughput violations {r['throughput_violations']:3d}  reconfigurations "
                 f"{r['reconfigurations']:3d}  mean workers {r['mean_workers']:.2f}  mean "
@@ -605,6 +631,22 @@ def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict
             f"workers {m['mean_workers']:.2f}  mean power {m['mean_power_w_modelled']:.1f} W "
             f"(modelled)  verifier OK {m['verifier_ok']}/{m['runs']}")
     return out
+
+
+def read_loop_results(path: Path | None, setting: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs in a ``--results`` file made with ``setting`` (a line cut short by an
+    interrupted write is skipped)."""
+    if path is None or not path.exists():
+        return []
+    runs = []
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if r.get("setting") == setting:
+            runs.append(r)
+    return runs
 
 
 LOOP_MEDIAN_FIELDS = ("latency_violations", "throughput_violations", "reconfigurations",
