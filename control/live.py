@@ -364,18 +364,35 @@ class BatchModel:
         return min(rate, workers * freq / (self.cost_s * f_max))
 
 
+def pstate_step(freqs_ghz: tuple[float, ...], default: float = 0.1) -> float:
+    """The smallest gap between two of the run's frequencies (P-states), in GHz: one
+    step of Eq. 6.17's switching term; ``default`` for a run with one frequency."""
+    levels = sorted(set(round(f, 6) for f in freqs_ghz))
+    gaps = [b - a for a, b in zip(levels, levels[1:], strict=False)]
+    return min(gaps) if gaps else default
+
+
 def measured_busy(records: list[dict[str, Any]], previous: dict[str, Any] | None,
                   workers: int) -> float | None:
-    """Mean busy fraction of ``workers`` over the step: the task time each executor spent
-    on key groups (``group_ms`` on ``ran_on``, measured by the runner from Spark's REST
-    API) over the step's wall time. Measured, so it includes what the batch model counts
-    as per-batch overhead inside tasks; idle workers count as 0."""
+    """Mean busy fraction of ``workers`` over the step: the task time the executors spent
+    on the step's batches over the step's wall time. Each batch's time is the run time
+    of the tasks of all its stages (``task_ms_total``: reading the source, partial
+    aggregation, the stateful stage; Spark's REST API, read by the runner); a record
+    from an older runner has only the stateful stage's (``group_ms``), which leaves out
+    the source's share and so never reads saturated. Measured, so it includes what the
+    batch model counts as per-batch overhead inside tasks; idle workers count as 0. In
+    steady state, batches back to back, it equals rho = lambda * c / n (D = o + c*x,
+    x = lambda * D), and it tends to 1 while the load exceeds the workers' capacity."""
     first = previous["t"] if previous is not None else \
         records[0]["t"] - (records[0].get("batch_duration_ms") or 0) / 1000.0
     span_ms = (records[-1]["t"] - first) * 1000.0
     busy_ms = 0.0
     seen = False
     for r in records:
+        if r.get("task_ms_total"):
+            seen = True
+            busy_ms += float(r["task_ms_total"])
+            continue
         times, ran_on = r.get("group_ms"), r.get("ran_on") or r.get("placement")
         if not times or not ran_on:
             continue
@@ -614,6 +631,11 @@ class LiveController:
             for key in ("alpha", "beta", "transition_weight"):
                 if key in params:
                     mpc_params[key] = float(params[key])
+            # Eq. 6.17 counts a frequency change in P-state steps: the run's own spacing
+            # (the thesis' machines were 0.1 GHz apart; emulated P-states here are 10 %
+            # of f_max apart: at 0.1 GHz one P-state down cost 2.45^2 = 6 times one
+            # worker more, and Lat-Power never changed frequency on real Spark).
+            mpc_params["f_step"] = pstate_step(p.freqs_ghz)
             self._mpc = MpcController(
                 strategy=p.strategy, horizon=int(params.get("horizon", 1)) if switching else 1,
                 solver="dp", params=mpc_params,

@@ -382,6 +382,35 @@ def test_rules_read_the_measured_busy_time_not_the_model() -> None:
     assert d.chosen["workers"] <= 2
 
 
+def test_busy_time_counts_every_stage_of_a_batch_not_only_the_stateful_one() -> None:
+    # A saturated worker: 4-s batches back to back whose stateful stage took 2.4 s and
+    # whose source read and partial aggregation took 1.4 s more (the REST API's stage
+    # summaries). The stateful stage alone reads 60 % busy; all stages 95 %.
+    def batch(i: int, total: int | None) -> dict:
+        r = {"batch_id": 30 + i, "t": 100.0 + 4 * i, "input_rows": 400, "records": 400,
+             "batch_duration_ms": 4000, "latency_p95_ms": 7800, "workers": 1,
+             "frequency_ghz": F_MAX, "scheduled_rate": 100, "group_ms": [600] * 4,
+             "ran_on": ["1"] * 4, "placement": ["1"] * 4}
+        if total is not None:
+            r["task_ms_total"] = total
+        return r
+
+    stateful_only = [batch(i, None) for i in range(4)]
+    every_stage = [batch(i, 3800) for i in range(4)]
+    assert live.observe(stateful_only[1:], stateful_only[0]).busy == pytest.approx(0.6)
+    assert live.observe(every_stage[1:], every_stage[0]).busy == pytest.approx(0.95)
+    d = live.LiveController(_policy("th-rule")).step(every_stage, Config(1, F_MAX))
+    assert d.chosen["workers"] == 2, d.reason
+
+
+def test_a_frequency_step_costs_one_pstate_of_the_run() -> None:
+    """Eq. 6.17's switching term counts P-states: 10 % of f_max apart when emulated."""
+    assert live.pstate_step((1.47, 1.71, 1.96, 2.2, 2.45)) == pytest.approx(0.24)
+    assert live.pstate_step((2.45,)) == 0.1
+    ctl = live.LiveController(_policy("lat-power", freqs_ghz=(1.47, 1.71, 1.96, 2.2, 2.45)))
+    assert ctl._mpc.params["f_step"] == pytest.approx(0.24)
+
+
 def test_the_transition_meter_measures_executor_start_and_reload_per_byte() -> None:
     model = live.BatchModel(overhead_s=1.0, cost_s=1e-3)  # D = 1 + 0.001·rows (1 worker)
     meter = live.TransitionMeter()

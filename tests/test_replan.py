@@ -241,3 +241,36 @@ def test_the_throttle_halves_the_old_generations_share_and_keeps_it_emitting() -
     # Never a period past the cap: a batch of 0.7 s gets at most 0.1 s of pause.
     assert replan.throttle_pause(60.0, 0.7) == pytest.approx(replan.THROTTLE_PERIOD_CAP_S - 0.7)
     assert replan.throttle_pause(60.0, 0.9) == 0.0
+
+
+def test_a_starved_transfer_is_raised_from_idle_to_low_priority_with_its_children() -> None:
+    """``reseed.raise_priority`` moves every thread of the transfer's process group, the
+    JVM and Python workers it started included, off SCHED_IDLE (real processes)."""
+    import os
+    import subprocess
+    import sys
+
+    from pipelines.runtime import reseed
+
+    if os.geteuid() != 0:
+        pytest.skip("raising a priority needs root or CAP_SYS_NICE")
+    code = ("import os, subprocess, time\n"
+            "from pipelines.runtime import reseed\n"
+            "reseed.set_own_priority(reseed.IDLE)\n"
+            "child = subprocess.Popen(['sleep', '30'])\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            start_new_session=True, text=True)
+    try:
+        child = int(proc.stdout.readline())
+        for pid in (proc.pid, child):
+            assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+            assert os.getpriority(os.PRIO_PROCESS, pid) == 19
+        assert reseed.raise_priority(proc.pid) >= 2
+        for pid in (proc.pid, child):
+            assert os.sched_getscheduler(pid) == os.SCHED_OTHER
+            assert os.getpriority(os.PRIO_PROCESS, pid) == reseed.PRIORITIES[reseed.LOW]
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()

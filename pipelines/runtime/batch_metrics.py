@@ -234,6 +234,7 @@ class BatchMetrics:
             "drift": len(drifted),
             "group_moves": group_moves,
             "group_ms": [task_ms.get(g) for g in range(groups)],
+            "task_ms_total": tasks.run_ms_total,
             "group_records": [tasks.tasks[g].records if g in tasks.tasks else None
                               for g in range(groups)],
             "group_bytes": self.group_bytes,

@@ -152,6 +152,9 @@ class BatchTasks:
     tasks: dict[int, TaskRecord] = field(default_factory=dict)  # group -> successful task
     failed_tasks: int = 0
     stage_attempts: int = 0
+    # Task run time summed over every stage of the batch (source read, partial
+    # aggregation, the stateful stage): the executors' measured busy time.
+    run_ms_total: int = 0
 
 
 class SparkRest:
@@ -219,6 +222,7 @@ class SparkRest:
                 except urllib.error.HTTPError:
                     continue  # skipped stage (its shuffle output was reused)
                 for stage in attempts:
+                    result.run_ms_total += int(stage.get("executorRunTime") or 0)
                     if stage.get("numTasks") != groups or not stage.get("shuffleReadRecords") \
                             and not stage.get("shuffleReadBytes"):
                         continue

@@ -8,7 +8,9 @@ snapshot into the new key groups) take executor slots and CPU for seconds, and t
 query's batches stretch from 0.65 s to 4 s (measured at 650 K keys on 2 cores). Spark
 cannot lower a task's OS priority, but a process can lower its own: this one runs
 ``nice 19`` under Linux's ``SCHED_IDLE`` with a one-core local Spark, so it takes only
-the CPU the run leaves idle.
+the CPU the run leaves idle. On a machine that other work keeps busy that can starve it
+(Spark fails a Python worker that has not connected back within 10 s): the runner then
+raises it to ``LOW`` (``raise_priority``) or runs it again at ``LOW``.
 
 It reads the old query's state after batch N (``replan.write_snapshot``), then runs the
 new generation's query (the run's pipeline with the new key groups, ``query.Seed``) on
@@ -39,7 +41,10 @@ from typing import Any
 
 from pipelines.runtime import definition, replan
 
-NICE = 19
+IDLE = "idle"  # nice 19 under SCHED_IDLE: only CPU that nothing else wants
+LOW = "low"  # nice 10 under the normal scheduler: a small share, never starved
+PRIORITIES = {IDLE: 19, LOW: 10}
+ESCALATE_AFTER_S = 60.0  # a transfer still running at idle priority is raised to LOW
 LEVEL_S = 2.0  # handed to the run's application once this close to the source's schedule
 CATCH_UP_S = 60.0  # or after this long catching up here (the run's query does the rest)
 GAINING = 0.8  # or once a batch ends less than 20 % closer than the one before
@@ -129,19 +134,63 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
             "batches": last + 1}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m pipelines.runtime.reseed JOB.json", file=sys.stderr)
-        return 2
-    # The JVM PySpark starts inherits both: SCHED_IDLE runs it only on a CPU nothing
-    # else wants (nice 19 alone still takes a share and preempts on wake-ups).
-    os.nice(NICE)
+def _threads_of_group(pgid: int) -> list[int]:
+    """Every thread of every process in process group ``pgid`` (Linux /proc)."""
+    tids: list[int] = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            # The fields after the command's closing parenthesis: state ppid pgrp ...
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:
+                continue
+            tids.extend(int(t.name) for t in (proc / "task").iterdir())
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
+    return tids
+
+
+def raise_priority(pgid: int) -> int:
+    """Move every thread of a transfer's process group (this process, its JVM, the JVM's
+    Python workers) from idle to ``LOW`` priority; how many threads moved. Linux keeps
+    scheduling per thread, so each is set; without the privilege to raise priority
+    (not root, no CAP_SYS_NICE) nothing moves and 0 is returned."""
+    moved = 0
+    for tid in _threads_of_group(pgid):
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, tid, PRIORITIES[LOW])
+            moved += 1
+        except (AttributeError, OSError):
+            continue
+    return moved
+
+
+def set_own_priority(priority: str) -> None:
+    """Lower this process (and what it starts later: the JVM inherits it) to
+    ``priority``."""
+    os.setpriority(os.PRIO_PROCESS, 0, PRIORITIES[priority])
+    if priority != IDLE:
+        return
+    # SCHED_IDLE runs it only on a CPU nothing else wants (nice 19 alone still takes a
+    # share and preempts on wake-ups).
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux, or not allowed: nice 19 only
         pass
-    job = json.loads(Path(args[0]).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pipelines.runtime.reseed",
+                                 description="a seamless re-plan's state transfer")
+    ap.add_argument("--priority", choices=sorted(PRIORITIES), default=IDLE)
+    ap.add_argument("job", type=Path, help="the job's JSON file (written by the runner)")
+    args = ap.parse_args(argv)
+    set_own_priority(args.priority)
+    job = json.loads(args.job.read_text())
     result = reseed(job)
     tmp = Path(job["result"] + ".tmp")
     tmp.write_text(json.dumps(result))

@@ -478,10 +478,18 @@ class Runner:
 
     def _reseed(self, spec: definition.PipelineSpec, old: replan.Generation, batch: int,
                 seed: Any, new: replan.Generation, gdir: Path) -> dict[str, Any]:
-        """Snapshot the old state and seed the new checkpoint with it in a ``nice 19``
-        process of its own (``reseed.py``), while the old query runs on at full pace;
-        the new query then resumes that checkpoint here."""
-        import subprocess
+        """Snapshot the old state and seed the new checkpoint with it in a process of its
+        own at idle priority (``reseed.py``), while the old query runs on at full pace;
+        the new query then resumes that checkpoint here.
+
+        Idle priority can starve on a machine that other work keeps busy: Spark gives a
+        Python worker it spawns 10 s to connect back (not configurable), and a transfer
+        may make no progress at all. So a transfer still running after
+        ``reseed.ESCALATE_AFTER_S`` is raised to ``reseed.LOW`` priority, and one that
+        failed at idle priority is tried once more at low priority from scratch."""
+        import shutil
+
+        from pipelines.runtime import reseed
 
         job = {"spec": spec.raw, "t0": self.t0, "plan_dir": str(self.run_dir / "source-plan"),
                "old_checkpoint": str(old.checkpoint), "batch": batch, "start": seed.start,
@@ -493,12 +501,36 @@ class Runner:
             job.update(key=spec.stateful.key, agg=spec.stateful.agg,
                        window=spec.stateful.type == "hft_window")
         (gdir / "reseed-job.json").write_text(json.dumps(job))
+        try:
+            return self._reseed_once(gdir, old, reseed.IDLE)
+        except _TransferFailed as exc:  # not a timeout: that one had been raised already
+            if self.stop_event.is_set() or not (old.query and old.query.isActive):
+                raise
+            print(f"re-plan: the state transfer at idle priority failed ({exc}); trying "
+                  "again at low priority", file=sys.stderr, flush=True)
+        shutil.rmtree(new.checkpoint, ignore_errors=True)
+        if seed.snapshot:
+            shutil.rmtree(seed.snapshot, ignore_errors=True)
+        return self._reseed_once(gdir, old, reseed.LOW)
+
+    def _reseed_once(self, gdir: Path, old: replan.Generation,
+                     priority: str) -> dict[str, Any]:
+        import subprocess
+
+        from pipelines.runtime import reseed
+
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
-        with open(gdir / "reseed.log", "wb") as log:
+        with open(gdir / "reseed.log", "ab") as log:
+            log.write(f"--- state transfer at {priority} priority\n".encode())
+            log.flush()
+            # A session of its own: its JVM and Python workers end with it.
             proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.reseed",
-                                     str(gdir / "reseed-job.json")], cwd=PROJECT_ROOT,
-                                    env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + replan.CATCH_UP_TIMEOUT_S
+                                     "--priority", priority, str(gdir / "reseed-job.json")],
+                                    cwd=PROJECT_ROOT, env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        began = time.monotonic()
+        deadline = began + replan.CATCH_UP_TIMEOUT_S
+        escalated = priority != reseed.IDLE
         try:
             while proc.poll() is None:
                 if self.stop_event.wait(0.2) or time.monotonic() > deadline:
@@ -507,15 +539,26 @@ class Runner:
                                              f"{replan.CATCH_UP_TIMEOUT_S:.0f} s")
                 if not (old.query and old.query.isActive):
                     raise replan.ReplanError("the old query ended during the transfer")
+                if not escalated and time.monotonic() - began > reseed.ESCALATE_AFTER_S:
+                    escalated = True
+                    raised = reseed.raise_priority(proc.pid)
+                    print(f"re-plan: the state transfer still runs after "
+                          f"{reseed.ESCALATE_AFTER_S:.0f} s at idle priority; raised "
+                          f"{raised} threads to low priority", file=sys.stderr, flush=True)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            # The whole session: a JVM or Python worker left behind would take the CPU
+            # the run needs.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
         if proc.returncode != 0:
-            tail = (gdir / "reseed.log").read_text(errors="replace").strip().splitlines()
+            text = (gdir / "reseed.log").read_text(errors="replace")
+            tail = text.rsplit("--- state transfer at", 1)[-1].strip().splitlines()[1:]
             errors = [ln for ln in tail if "Error" in ln or "Exception" in ln] or tail
-            raise replan.ReplanError(f"the state transfer failed: {errors[-1][:300]}"
-                                     if errors else "the state transfer failed")
+            raise _TransferFailed(f"the state transfer failed: {errors[-1][:300]}"
+                                  if errors else "the state transfer failed")
         return json.loads((gdir / "reseed-result.json").read_text())
 
     def _adopt(self, new: replan.Generation, spec: definition.PipelineSpec) -> None:
@@ -676,6 +719,10 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     return run_main(argv[0])
+
+
+class _TransferFailed(replan.ReplanError):
+    """A seamless re-plan's state-transfer process ended with an error."""
 
 
 # How long a generation about to be stopped may take to report its last forwarded batch
