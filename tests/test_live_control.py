@@ -528,3 +528,23 @@ def test_a_transition_weight_of_zero_is_the_thesis_objective() -> None:
     assert off.chosen == plain.chosen and off.cost == pytest.approx(plain.cost)
     with pytest.raises(live.LoopError, match="transition_weight"):
         live.check_params("lat-node", {"transition_weight": -1})
+
+
+def test_lat_power_steps_its_frequency_down_when_the_bound_allows() -> None:
+    """On P-states 10 % of f_max apart (as emulated) at a light load, live Lat-Power
+    lowers the frequency a P-state at a time; Lat-Node stays at f_max."""
+    freqs = (1.2, 1.4, 1.6, 1.8, 2.0)
+    for strategy, steps_down in (("lat-power", True), ("lat-node", False)):
+        ctl = live.LiveController(_policy(strategy, freqs_ghz=freqs, max_workers=2,
+                                          params={"horizon": 2}))
+        if steps_down:
+            assert ctl._mpc.params["beta"] == live.LAT_POWER_BETA
+        engine, cur = Fake(), Config(1, F_MAX)
+        seen = []
+        for _ in range(6):
+            d = ctl.step(engine.records(0.3 / COST, cur, 8.0), cur)
+            cur = Config(d.chosen["workers"], d.chosen["freq_ghz"])
+            seen.append(cur.freq_ghz)
+        assert (min(seen) < F_MAX) is steps_down, (strategy, seen)
+        assert all(abs(a - b) <= 0.2 + 1e-9 for a, b in zip([F_MAX, *seen], seen,
+                                                           strict=False)), seen
