@@ -274,3 +274,27 @@ def test_a_starved_transfer_is_raised_from_idle_to_low_priority_with_its_childre
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+def test_a_transfer_is_starving_when_its_group_gets_almost_no_cpu() -> None:
+    """``StarvationWatch`` reads the CPU time of the whole process group from /proc: a
+    group that sleeps starves, one that computes does not (real processes)."""
+    import os
+    import subprocess
+    import sys
+
+    from pipelines.runtime import reseed
+
+    sleeping = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                            start_new_session=True)
+    try:
+        watches = {p: reseed.StarvationWatch(p.pid, window_s=1.5) for p in (sleeping, busy)}
+        assert not any(w.starved() for w in watches.values())  # the window has not passed
+        time.sleep(1.6)
+        assert watches[sleeping].starved()
+        assert not watches[busy].starved()
+    finally:
+        for p in (sleeping, busy):
+            os.killpg(p.pid, 9)
+            p.wait()

@@ -44,7 +44,11 @@ from pipelines.runtime import definition, replan
 IDLE = "idle"  # nice 19 under SCHED_IDLE: only CPU that nothing else wants
 LOW = "low"  # nice 10 under the normal scheduler: a small share, never starved
 PRIORITIES = {IDLE: 19, LOW: 10}
-ESCALATE_AFTER_S = 60.0  # a transfer still running at idle priority is raised to LOW
+# A transfer at idle priority that got less than STARVED_SHARE of one core over
+# STARVED_WINDOW_S is starving (the machine has no idle CPU): it is raised to LOW. One
+# that progresses on idle CPU keeps its priority, however long it takes.
+STARVED_WINDOW_S = 15.0
+STARVED_SHARE = 0.1
 LEVEL_S = 2.0  # handed to the run's application once this close to the source's schedule
 CATCH_UP_S = 60.0  # or after this long catching up here (the run's query does the rest)
 GAINING = 0.8  # or once a batch ends less than 20 % closer than the one before
@@ -134,21 +138,57 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
             "batches": last + 1}
 
 
-def _threads_of_group(pgid: int) -> list[int]:
-    """Every thread of every process in process group ``pgid`` (Linux /proc)."""
-    tids: list[int] = []
+def _group(pgid: int) -> list[tuple[Path, list[str]]]:
+    """Each live process of process group ``pgid`` with its /proc stat fields after
+    the command's closing parenthesis (state ppid pgrp ...; Linux)."""
+    out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            # The fields after the command's closing parenthesis: state ppid pgrp ...
             fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-            tids.extend(int(t.name) for t in (proc / "task").iterdir())
+            if int(fields[2]) == pgid:
+                out.append((proc, fields))
         except (OSError, ValueError, IndexError):  # gone meanwhile
             continue
+    return out
+
+
+def _threads_of_group(pgid: int) -> list[int]:
+    tids: list[int] = []
+    for proc, _fields in _group(pgid):
+        try:
+            tids.extend(int(t.name) for t in (proc / "task").iterdir())
+        except (OSError, ValueError):
+            continue
     return tids
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) the live processes of group ``pgid`` have used."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    # utime and stime are fields 14 and 15 of /proc/PID/stat: 11 and 12 after ")".
+    return sum(int(f[11]) + int(f[12]) for _p, f in _group(pgid)) / ticks
+
+
+class StarvationWatch:
+    """Whether a transfer's process group is starving: less than ``STARVED_SHARE`` of a
+    core over the last ``STARVED_WINDOW_S`` (call ``starved()`` as often as you like)."""
+
+    def __init__(self, pgid: int, window_s: float = STARVED_WINDOW_S,
+                 share: float = STARVED_SHARE) -> None:
+        self.pgid, self.window_s, self.share = pgid, window_s, share
+        self.since, self.cpu = time.monotonic(), group_cpu_s(pgid)
+
+    def starved(self) -> bool:
+        now = time.monotonic()
+        if now - self.since < self.window_s:
+            return False
+        cpu = group_cpu_s(self.pgid)
+        # A Python worker that ended takes its CPU time with it: never below 0.
+        share = max(cpu - self.cpu, 0.0) / (now - self.since)
+        self.since, self.cpu = now, cpu
+        return share < self.share
 
 
 def raise_priority(pgid: int) -> int:

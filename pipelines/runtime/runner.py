@@ -484,9 +484,9 @@ class Runner:
 
         Idle priority can starve on a machine that other work keeps busy: Spark gives a
         Python worker it spawns 10 s to connect back (not configurable), and a transfer
-        may make no progress at all. So a transfer still running after
-        ``reseed.ESCALATE_AFTER_S`` is raised to ``reseed.LOW`` priority, and one that
-        failed at idle priority is tried once more at low priority from scratch."""
+        may make no progress at all. So a transfer that starves (``StarvationWatch``) is
+        raised to ``reseed.LOW`` priority, and one that failed at idle priority is tried
+        once more at low priority from scratch."""
         import shutil
 
         from pipelines.runtime import reseed
@@ -528,9 +528,8 @@ class Runner:
                                      "--priority", priority, str(gdir / "reseed-job.json")],
                                     cwd=PROJECT_ROOT, env=env, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-        began = time.monotonic()
-        deadline = began + replan.CATCH_UP_TIMEOUT_S
-        escalated = priority != reseed.IDLE
+        deadline = time.monotonic() + replan.CATCH_UP_TIMEOUT_S
+        watch = reseed.StarvationWatch(proc.pid) if priority == reseed.IDLE else None
         try:
             while proc.poll() is None:
                 if self.stop_event.wait(0.2) or time.monotonic() > deadline:
@@ -539,11 +538,12 @@ class Runner:
                                              f"{replan.CATCH_UP_TIMEOUT_S:.0f} s")
                 if not (old.query and old.query.isActive):
                     raise replan.ReplanError("the old query ended during the transfer")
-                if not escalated and time.monotonic() - began > reseed.ESCALATE_AFTER_S:
-                    escalated = True
+                if watch is not None and watch.starved():
+                    watch = None
                     raised = reseed.raise_priority(proc.pid)
-                    print(f"re-plan: the state transfer still runs after "
-                          f"{reseed.ESCALATE_AFTER_S:.0f} s at idle priority; raised "
+                    print(f"re-plan: the state transfer got less than "
+                          f"{reseed.STARVED_SHARE:.0%} of a core for "
+                          f"{reseed.STARVED_WINDOW_S:.0f} s at idle priority; raised "
                           f"{raised} threads to low priority", file=sys.stderr, flush=True)
         finally:
             # The whole session: a JVM or Python worker left behind would take the CPU
