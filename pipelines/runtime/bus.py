@@ -181,6 +181,8 @@ class MetricsRecord(TypedDict):
     drift: NotRequired[int]
     group_moves: NotRequired[int]
     group_ms: NotRequired[list[int | None]]
+    # Task run time of every stage of the batch, all executors (the measured busy time).
+    task_ms_total: NotRequired[int]
     group_records: NotRequired[list[int | None]]
     # Per stateful operator (named by its dataflow node): its bytes per key group.
     operator_bytes: NotRequired[list[dict[str, Any]]]
