@@ -496,11 +496,13 @@ def test_closed_loop_results_file_reuses_only_runs_of_the_same_setting(tmp_path)
 
     path = tmp_path / "runs.jsonl"
     same = {"capacity_rps": 1000.0, "bound_ms": 9000.0, "loop_seconds": "40,75,60,60",
-            "step_s": 6.0, "keys": 1_000_000}
+            "step_s": 6.0, "keys": 1_000_000, "machine": bench.machine()}
     other = {**same, "bound_ms": 8000.0}
+    elsewhere = {**same, "machine": "AMD EPYC, 2 cores, 0.01 GHz"}
     path.write_text("\n".join([
         json.dumps({"setting": same, "seed": 1, "strategy": "lat-node"}),
         json.dumps({"setting": other, "seed": 1, "strategy": "lat-rule"}),
+        json.dumps({"setting": elsewhere, "seed": 1, "strategy": "th-rule"}),
         '{"setting": {"capacity_rps": 1000.0, "bou',  # a write cut short
     ]) + "\n")
     runs = bench.read_loop_results(path, same)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import signal
 import statistics
@@ -597,7 +598,12 @@ def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict
     # found there is reused (an interrupted benchmark resumes instead of starting over).
     setting = {"capacity_rps": round(cal["capacity_rps"], 1), "bound_ms": bound_ms,
                "loop_seconds": args.loop_seconds, "step_s": args.step_s,
-               "keys": args.loop_keys}
+               "keys": args.loop_keys, "machine": machine()}
+    out["machine"] = setting["machine"]
+    if args.capacity:
+        log(f"closed loop: the capacity was given, not measured on this machine "
+            f"({setting['machine']}): a capacity measured elsewhere makes the peak miss "
+            "(or overshoot) one worker's saturation")
     results = Path(args.results) if args.results else None
     done = {(r["seed"], r["strategy"]): r for r in read_loop_results(results, setting)}
     for seed in seeds:
@@ -632,6 +638,27 @@ def bench_closed_loop(master: str, work: Path, args: argparse.Namespace) -> dict
             f"workers {m['mean_workers']:.2f}  mean power {m['mean_power_w_modelled']:.1f} W "
             f"(modelled)  verifier OK {m['verifier_ok']}/{m['runs']}")
     return out
+
+
+def machine() -> str:
+    """What the runs of a closed-loop benchmark ran on: CPU model, cores and current
+    clock (machines of one kind here differ in clock: 2.45 and 2.60 GHz were seen, and a
+    capacity or a run from one is not comparable with the other)."""
+    from pipelines.runtime import power
+
+    model = "unknown CPU"
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in
+                      Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), model)
+    except OSError:
+        pass
+    top = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    try:  # the highest clock where cpufreq tells it (the current one moves)
+        ghz = int(top.read_text()) / 1e6
+    except (OSError, ValueError):
+        ghz = power.read_frequency_ghz()[0]
+    return f"{model}, {os.cpu_count()} cores, {ghz:.2f} GHz"
 
 
 def read_loop_results(path: Path | None, setting: dict[str, Any]) -> list[dict[str, Any]]:
