@@ -389,9 +389,11 @@ def measured_busy(records: list[dict[str, Any]], previous: dict[str, Any] | None
     aggregation, the stateful stage; Spark's REST API, read by the runner); a record
     from an older runner has only the stateful stage's (``group_ms``), which leaves out
     the source's share and so never reads saturated. Measured, so it includes what the
-    batch model counts as per-batch overhead inside tasks; idle workers count as 0. In
-    steady state, batches back to back, it equals rho = lambda * c / n (D = o + c*x,
-    x = lambda * D), and it tends to 1 while the load exceeds the workers' capacity."""
+    batch model counts as per-batch overhead inside tasks; idle workers count as 0. So
+    it is not the model's rho = lambda * c / n: a light load reads well above it
+    (0.71-0.74 at rho ~0.31 in the closed-loop benchmark: the tasks' per-batch work), and it
+    tends to 1 while the load exceeds the workers' capacity (batches grow, the records'
+    work dominates: 0.91 at the step above one worker's capacity)."""
     first = previous["t"] if previous is not None else \
         records[0]["t"] - (records[0].get("batch_duration_ms") or 0) / 1000.0
     span_ms = (records[-1]["t"] - first) * 1000.0

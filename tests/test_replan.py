@@ -244,8 +244,8 @@ def test_the_throttle_halves_the_old_generations_share_and_keeps_it_emitting() -
 
 
 def test_a_starved_transfer_is_raised_from_idle_to_low_priority_with_its_children() -> None:
-    """``reseed.raise_priority`` moves every thread of the transfer's process group, the
-    JVM and Python workers it started included, off SCHED_IDLE (real processes)."""
+    """``reseed.raise_priority`` moves every thread of the transfer and of the processes
+    under it (its JVM and Python workers), off SCHED_IDLE (real processes)."""
     import os
     import subprocess
     import sys
@@ -277,8 +277,8 @@ def test_a_starved_transfer_is_raised_from_idle_to_low_priority_with_its_childre
 
 
 def test_a_transfer_is_starving_when_its_group_gets_almost_no_cpu() -> None:
-    """``StarvationWatch`` reads the CPU time of the whole process group from /proc: a
-    group that sleeps starves, one that computes does not (real processes)."""
+    """``StarvationWatch`` reads the CPU time of the transfer's process tree from /proc:
+    a tree that sleeps starves, one that computes does not (real processes)."""
     import os
     import subprocess
     import sys

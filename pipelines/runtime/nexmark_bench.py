@@ -67,6 +67,7 @@ from typing import Any, Callable
 from pipelines.nexmark import queries
 from pipelines.runtime import cluster, definition
 from pipelines.runtime.harness import HarnessError, RunnerProcess
+from pipelines.runtime.procs import tree_cpu_s
 
 BACKLOG_S = 1.0  # a step's backlog may grow by at most this many seconds of its input
 WARM_FRACTION = 0.25  # the first quarter of a step: the rate change settling
@@ -121,40 +122,6 @@ class Result:
     def from_dict(cls, doc: dict[str, Any]) -> Result:
         """A result as ``--json`` wrote it."""
         return cls(**{**doc, "steps": [Step(**s) for s in doc.get("steps", [])]})
-
-
-def _proc_table() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds of the process and its waited-for children)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    table: dict[int, tuple[int, float]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # the process ended while we looked
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
-        table[int(entry.name)] = (int(fields[1]), (utime + stime + cutime + cstime) / tick)
-    return table
-
-
-def tree_cpu_s(roots: list[int], exclude_roots: tuple[int, ...] = ()) -> float:
-    """CPU seconds so far of the processes under ``roots`` (the roots themselves unless
-    listed in ``exclude_roots``): a difference of two readings is the CPU spent between
-    them, as long as no process of the tree ended unwaited in between."""
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _cpu) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, list(roots)
-    while todo:
-        pid = todo.pop()
-        if pid in table and pid not in exclude_roots:
-            total += table[pid][1]
-        todo.extend(children.get(pid, []))
-    return total
 
 
 def staircase(start: float, step_s: int, steps: int = MAX_STEPS,

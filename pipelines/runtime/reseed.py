@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pipelines.runtime import definition, replan
+from pipelines.runtime import definition, procs, replan
 
 IDLE = "idle"  # nice 19 under SCHED_IDLE: only CPU that nothing else wants
 LOW = "low"  # nice 10 under the normal scheduler: a small share, never starved
@@ -138,72 +138,45 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
             "batches": last + 1}
 
 
-def _group(pgid: int) -> list[tuple[Path, list[str]]]:
-    """Each live process of process group ``pgid`` with its /proc stat fields after
-    the command's closing parenthesis (state ppid pgrp ...; Linux)."""
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
-                out.append((proc, fields))
-        except (OSError, ValueError, IndexError):  # gone meanwhile
-            continue
-    return out
-
-
-def _threads_of_group(pgid: int) -> list[int]:
-    tids: list[int] = []
-    for proc, _fields in _group(pgid):
-        try:
-            tids.extend(int(t.name) for t in (proc / "task").iterdir())
-        except (OSError, ValueError):
-            continue
-    return tids
-
-
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds (user + system) the live processes of group ``pgid`` have used."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    # utime and stime are fields 14 and 15 of /proc/PID/stat: 11 and 12 after ")".
-    return sum(int(f[11]) + int(f[12]) for _p, f in _group(pgid)) / ticks
-
-
 class StarvationWatch:
-    """Whether a transfer's process group is starving: less than ``STARVED_SHARE`` of a
-    core over the last ``STARVED_WINDOW_S`` (call ``starved()`` as often as you like)."""
+    """Whether a transfer's processes (``pid`` and every process under it: its JVM and
+    the JVM's Python workers) are starving: less than ``STARVED_SHARE`` of a core over
+    the last ``STARVED_WINDOW_S`` (call ``starved()`` as often as you like)."""
 
-    def __init__(self, pgid: int, window_s: float = STARVED_WINDOW_S,
+    def __init__(self, pid: int, window_s: float = STARVED_WINDOW_S,
                  share: float = STARVED_SHARE) -> None:
-        self.pgid, self.window_s, self.share = pgid, window_s, share
-        self.since, self.cpu = time.monotonic(), group_cpu_s(pgid)
+        self.pid, self.window_s, self.share = pid, window_s, share
+        self.since, self.cpu = time.monotonic(), procs.tree_cpu_s([pid])
 
     def starved(self) -> bool:
         now = time.monotonic()
         if now - self.since < self.window_s:
             return False
-        cpu = group_cpu_s(self.pgid)
-        # A Python worker that ended takes its CPU time with it: never below 0.
+        cpu = procs.tree_cpu_s([self.pid])
+        # A process that ended unwaited takes its CPU time with it: never below 0.
         share = max(cpu - self.cpu, 0.0) / (now - self.since)
         self.since, self.cpu = now, cpu
         return share < self.share
 
 
-def raise_priority(pgid: int) -> int:
-    """Move every thread of a transfer's process group (this process, its JVM, the JVM's
-    Python workers) from idle to ``LOW`` priority; how many threads moved. Linux keeps
-    scheduling per thread, so each is set; without the privilege to raise priority
-    (not root, no CAP_SYS_NICE) nothing moves and 0 is returned."""
+def raise_priority(pid: int) -> int:
+    """Move every thread of a transfer (``pid``, its JVM, the JVM's Python workers) from
+    idle to ``LOW`` priority; how many threads moved. Linux keeps scheduling per thread,
+    so each is set; without the privilege to raise priority (not root, no
+    CAP_SYS_NICE) nothing moves and 0 is returned."""
     moved = 0
-    for tid in _threads_of_group(pgid):
+    for process in procs.tree_pids([pid]):
         try:
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-            os.setpriority(os.PRIO_PROCESS, tid, PRIORITIES[LOW])
-            moved += 1
-        except (AttributeError, OSError):
+            tids = [int(t.name) for t in Path(f"/proc/{process}/task").iterdir()]
+        except (OSError, ValueError):  # ended meanwhile
             continue
+        for tid in tids:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+                os.setpriority(os.PRIO_PROCESS, tid, PRIORITIES[LOW])
+                moved += 1
+            except (AttributeError, OSError):
+                continue
     return moved
 
 

@@ -521,7 +521,7 @@ class Runner:
 
         env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
         with open(gdir / "reseed.log", "ab") as log:
-            log.write(f"--- state transfer at {priority} priority\n".encode())
+            log.write(f"{TRANSFER_LOG_MARK} {priority} priority\n".encode())
             log.flush()
             # A session of its own: its JVM and Python workers end with it.
             proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.reseed",
@@ -555,7 +555,7 @@ class Runner:
             proc.wait()
         if proc.returncode != 0:
             text = (gdir / "reseed.log").read_text(errors="replace")
-            tail = text.rsplit("--- state transfer at", 1)[-1].strip().splitlines()[1:]
+            tail = text.rsplit(TRANSFER_LOG_MARK, 1)[-1].strip().splitlines()[1:]
             errors = [ln for ln in tail if "Error" in ln or "Exception" in ln] or tail
             raise _TransferFailed(f"the state transfer failed: {errors[-1][:300]}"
                                   if errors else "the state transfer failed")
@@ -723,6 +723,10 @@ def main(argv: list[str] | None = None) -> int:
 
 class _TransferFailed(replan.ReplanError):
     """A seamless re-plan's state-transfer process ended with an error."""
+
+
+# Heads each attempt's part of reseed.log: a failure is read from its own attempt's lines.
+TRANSFER_LOG_MARK = "--- state transfer at"
 
 
 # How long a generation about to be stopped may take to report its last forwarded batch
