@@ -211,6 +211,7 @@ def test_gloss_metrics_count_silent_and_slow_buckets() -> None:
                                          t_request, 1107.0)
     assert [round(r) for r in rates] == [33, 0, 0, 120, 187, 53]
     assert m.disrupted_s == 4 and m.disrupted_strict_s == 4
+    assert m.disrupted_at_s == [0, 1, 2, 5]
     assert m.worst_p95_ms == 4000.0
     # No input in a silent second is not downtime.
     assert replan.gloss_metrics(batches, t_request, 1107.0, lambda t: 0).downtime_s == 0

@@ -425,6 +425,9 @@ class GlossMetrics:
     buckets: int  # buckets measured: request .. switch + SETTLE_S
     worst_p95_ms: float | None
     down_at_s: list[float] = field(default_factory=list)  # down buckets, from the request
+    # Disrupted 1-s buckets, seconds from the request: which phase (transfer, overlap,
+    # after the switch) the disruption falls in.
+    disrupted_at_s: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -509,9 +512,10 @@ def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
                and input_by(t_request + (i + 1) * width) > input_by(t_request + i * width)]
     rates = throughput_per_second([(b[0], b[1], b[3] if len(b) > 3 else None)
                                    for b in batches], t_request, t_end)
+    disrupted_at = [i for i, r in enumerate(rates) if r < DISRUPTED_SHARE * baseline]
     return GlossMetrics(
         downtime_s=len(down_at) * width,
-        disrupted_s=float(sum(1 for r in rates if r < DISRUPTED_SHARE * baseline)),
+        disrupted_s=float(len(disrupted_at)), disrupted_at_s=disrupted_at,
         disrupted_strict_s=float(sum(1 for r in rates if r < baseline)),
         bucket_s=width, baseline_rate=round(baseline, 1), buckets=n, down_at_s=down_at,
         worst_p95_ms=round(worst, 1) if worst is not None else None)

@@ -73,11 +73,13 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
                     raise HarnessError(f"{scheme} re-plan {current} -> {groups} failed: "
                                        f"{ack['message']}")
                 row = {"scheme": scheme, "from": current, "to": groups,
-                       **{k: ack.get(k) for k in FIELDS[3:-1]}}
+                       **{k: ack.get(k) for k in FIELDS[3:-1]}, **phases(ack)}
                 mine.append(row)
                 log(f"  {i}/{len(targets)} {current} -> {groups}: downtime "
-                    f"{row['downtime_s']} s, disrupted {row['disrupted_s']} s, overlap "
-                    f"{row['overlap_s']} s, catch-up {row['catch_up_s']} s")
+                    f"{row['downtime_s']} s, disrupted {row['disrupted_s']} s "
+                    f"(at {row['disrupted_at_s']} s; the new query from "
+                    f"{row['new_query_at_s']} s, switch at {row['switch_at_s']} s), "
+                    f"overlap {row['overlap_s']} s, catch-up {row['catch_up_s']} s")
                 current = groups
                 # The next one's baseline starts after this one's measurement.
                 done = time.time()
@@ -107,6 +109,19 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
             "reconfigurations": rows, "summary": summary,
             "disrupted_ratio_seamless_over_stop_restart": (round(ratio, 3)
                                                            if ratio is not None else None)}
+
+
+def phases(ack: dict[str, Any]) -> dict[str, Any]:
+    """Where a re-plan's disrupted seconds fall: seconds from the request to the new
+    query's start in the run's application (after the state transfer) and to the switch
+    of the forwarded output."""
+    t = ack.get("requested_at")
+
+    def since(key: str) -> float | None:
+        return round(ack[key] - t, 1) if t is not None and ack.get(key) else None
+
+    return {"disrupted_at_s": ack.get("disrupted_at_s"),
+            "new_query_at_s": since("overlap_from"), "switch_at_s": since("switched_at")}
 
 
 def table(rows: list[dict[str, Any]]) -> str:
