@@ -60,6 +60,29 @@ def test_the_arbiter_forwards_every_range_once_and_switches_at_a_shared_boundary
             for g in doc["generations"]] == [(0, 0, 2, 0), (1, 2, None, 1)]
 
 
+def test_the_forwarding_generation_runs_in_the_pool_that_gets_slots_first(
+        tmp_path: Path) -> None:
+    old = _Gen(0, {0: (0, 10), 1: (10, 20)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert arbiter.pool_for(old) == replan.POOL_FORWARDING
+    new = _Gen(1, {1: (10, 20), 2: (20, 30)})
+    arbiter.propose(new)
+    assert arbiter.claim(old, 0) == 0
+    assert (arbiter.pool_for(old), arbiter.pool_for(new)) == (
+        replan.POOL_FORWARDING, replan.POOL_CATCHING_UP)
+    assert arbiter.claim(new, 1) == 1  # it takes over at [10, 20)
+    assert (arbiter.pool_for(old), arbiter.pool_for(new)) == (
+        replan.POOL_CATCHING_UP, replan.POOL_FORWARDING)
+    # The pools the runner names are the ones Spark is given, weighted that way round.
+    from xml.etree import ElementTree
+
+    from pipelines.runtime.session import FAIR_POOLS
+
+    weights = {p.get("name"): int(p.findtext("weight"))
+               for p in ElementTree.parse(FAIR_POOLS).getroot().iter("pool")}
+    assert weights[replan.POOL_FORWARDING] > 100 * weights[replan.POOL_CATCHING_UP]
+
+
 def test_whoever_finishes_the_next_range_first_forwards_it(tmp_path: Path) -> None:
     old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
     arbiter = replan.Arbiter(tmp_path, old)

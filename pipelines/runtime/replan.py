@@ -60,6 +60,7 @@ THROTTLE_STEP_S = 5.0  # its duty cycle halves again after each further step
 THROTTLE_PERIOD_CAP_S = 0.8  # batch + pause never longer: it keeps output every second
 RESERVE_WAIT_S = 10.0  # the longest a candidate ahead waits for the range before its own
 HANDOVER_WAIT_S = 0.5  # the old generation's wait for a candidate on the same range
+POOL_FORWARDING, POOL_CATCHING_UP = "forwarding", "catching-up"  # fairscheduler.xml
 SETTLE_S = 10.0  # measured after the switch, so that a late dip is counted
 BASELINE_S = 100.0  # Gloss §9.1: "full throughput" = mean of the previous 100 s
 
@@ -230,6 +231,14 @@ class Arbiter:
         with self.cond:
             if gen.number == self.candidate:
                 self.candidate_range = (start, end)
+
+    def pool_for(self, gen: Generation) -> str:
+        """The Spark scheduler pool of ``gen``'s next batch (``fairscheduler.xml``): the
+        forwarding generation's tasks get a free executor slot first, so a candidate
+        catching up neither queues nor stretches the batches the run's output waits for
+        (Gloss §7.2: the new instance catches up on the capacity the old one leaves)."""
+        with self.cond:
+            return POOL_FORWARDING if gen.number == self.active else POOL_CATCHING_UP
 
     def claim(self, gen: Generation, batch: int) -> int | None:
         """The epoch to forward ``gen``'s computed batch as, or None to discard it."""

@@ -294,12 +294,20 @@ class Runner:
             self.arbiter.written(gen, commit.batch_id)
             self.metrics.on_commit(commit)
 
+        sc = self.spark.sparkContext
+
+        def begin(batch_id: int) -> None:
+            self.arbiter.begin(gen, batch_id)
+            # foreachBatch runs on the query's stream thread: the batch's jobs, submitted
+            # from here on, take this thread's pool (replan.Arbiter.pool_for).
+            sc.setLocalProperty("spark.scheduler.pool", self.arbiter.pool_for(gen))
+
         gen.sink = LatencySink(on_commit,
                                output_dir=self.run_dir / "output" if spec.keep_output
                                else None,
                                between_batches=between_batches, claim=claim,
                                generation=gen.number,
-                               begin=lambda batch_id: self.arbiter.begin(gen, batch_id))
+                               begin=begin)
         built = time.perf_counter()
         stream = build_stream(self.spark, spec, self.t0, self.run_dir / "source-plan", seed)
         print(f"stream of generation {gen.number} built in "
@@ -339,9 +347,10 @@ class Runner:
         self.replanning = True
         new = replan.Generation(number, groups, gdir / "checkpoint")
         sc = self.spark.sparkContext
-        # The snapshot's jobs, and the new query's (its stream thread inherits this
-        # thread's local properties), run in a FAIR pool of their own (session.py).
-        sc.setLocalProperty("spark.scheduler.pool", f"generation-{number}")
+        # The snapshot's jobs, and the new query's until its first batch sets its own
+        # (its stream thread inherits this thread's local properties), yield the
+        # executors to the forwarding query (session.py, fairscheduler.xml).
+        sc.setLocalProperty("spark.scheduler.pool", replan.POOL_CATCHING_UP)
         try:
             facts = self._hand_over(old, new, new_spec, scheme, gdir)
         except Exception as exc:

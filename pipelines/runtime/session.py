@@ -14,6 +14,8 @@ from pipelines.runtime import definition
 from pipelines.runtime.cluster import SECRET_ENV, read_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# The scheduler pools of a live re-plan's generations, by role (replan.pool_for).
+FAIR_POOLS = Path(__file__).with_name("fairscheduler.xml")
 EXECUTOR_WAIT_S = 90.0
 # After the initial executors registered: how long to wait for the rest of
 # spark.cores.max (they start together; one that comes later still is released by the
@@ -62,11 +64,13 @@ def build_session(master_url: str, app_name: str, max_workers: int,
         .config("spark.pyspark.python", sys.executable)
         .config("spark.executorEnv.PYTHONPATH", str(PROJECT_ROOT))
         .config("spark.sql.adaptive.enabled", "false")
-        # A live re-plan runs a second query (and its state snapshot) beside the first
-        # in a pool of its own (runner.Runner._hand_over): FAIR shares the executors
-        # between the pools task by task, so the old query's batches are not queued
-        # behind the new one's large jobs. One query alone is one pool, as with FIFO.
+        # A live re-plan runs a second query beside the first (runner.Runner._hand_over):
+        # FAIR shares the executors between the pools task by task, and the pool of the
+        # generation whose output is forwarded comes first (FAIR_POOLS), so its batches
+        # are neither queued behind the new one's catch-up nor stretched by it. One
+        # query alone is one pool, as with FIFO.
         .config("spark.scheduler.mode", "FAIR")
+        .config("spark.scheduler.allocation.file", str(FAIR_POOLS))
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
                 "true")
