@@ -87,8 +87,9 @@ class BatchMetrics:
         # Query run id -> generation (a live re-plan runs two queries for a while).
         self.generation_of: dict[str, int] = {}
         self.reported: dict[int, int] = {}  # generation -> its last batch with a record
-        # The forwarded batches (commit time, records, p95 ms, start time), for a
-        # re-plan's Gloss metrics (replan.gloss_metrics: 100 s before it and its span).
+        # The forwarded batches (commit time, records, p95 ms, Spark's trigger start),
+        # for a re-plan's Gloss metrics (replan.gloss_metrics: 100 s before it and its
+        # span).
         self.history: collections.deque[tuple[float, int, float | None, float]] = (
             collections.deque(maxlen=5000))
 
@@ -164,7 +165,8 @@ class BatchMetrics:
         if record["source_end"] is not None:
             self.last_source_end = record["source_end"]
         self.batch_s.append(record["batch_duration_ms"] / 1000.0)
-        self.history.append((commit.committed_at, records, lat["p95"], commit.started_at))
+        self.history.append((commit.committed_at, records, lat["p95"],
+                             record["trigger_started_at"] or commit.started_at))
         self.reported[generation] = max(self.reported.get(generation, -1), progress.batchId)
         self.queue.put(record)
         return record
