@@ -78,7 +78,8 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
                 log(f"  {i}/{len(targets)} {current} -> {groups}: downtime "
                     f"{row['downtime_s']} s, disrupted {row['disrupted_s']} s "
                     f"(at {row['disrupted_at_s']} s; the new query from "
-                    f"{row['new_query_at_s']} s, switch at {row['switch_at_s']} s), "
+                    f"{row['new_query_at_s']} s, switch at {row['switch_at_s']} s; "
+                    f"{row['baseline_disrupted_share']:.0%} of the baseline's seconds), "
                     f"overlap {row['overlap_s']} s, catch-up {row['catch_up_s']} s")
                 current = groups
                 # The next one's baseline starts after this one's measurement.
@@ -121,6 +122,7 @@ def phases(ack: dict[str, Any]) -> dict[str, Any]:
         return round(ack[key] - t, 1) if t is not None and ack.get(key) else None
 
     return {"disrupted_at_s": ack.get("disrupted_at_s"),
+            "baseline_disrupted_share": ack.get("baseline_disrupted_share"),
             "new_query_at_s": since("overlap_from"), "switch_at_s": since("switched_at")}
 
 
