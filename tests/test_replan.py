@@ -255,6 +255,12 @@ def test_buckets_widen_with_a_slow_cadence_so_steady_output_is_never_down() -> N
     assert m.bucket_s == 3.0
     assert m.downtime_s == 0 and m.disrupted_s == 0
     assert replan.bucket_width([]) == 1.0
+    # Measured mid-bucket (the runner measures at switch + SETTLE_S): the batches due in
+    # the bucket's remainder have not committed yet, which is no downtime.
+    t_end = 1131.2
+    so_far = [b for b in batches if b[0] <= t_end]
+    m = replan.gloss_metrics(so_far, t_request, t_end, lambda t: int(100 * t))
+    assert m.buckets == 10 and m.downtime_s == 0
 
 
 def test_the_throttle_halves_the_old_generations_share_and_keeps_it_emitting() -> None:

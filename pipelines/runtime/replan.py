@@ -511,7 +511,9 @@ def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
     since = max(t_request - BASELINE_S, baseline_from or 0.0)
     before = [(b[0], b[1]) for b in batches if since <= b[0] < t_request]
     width = bucket_width([t for t, _ in before])
-    n = max(1, math.ceil((t_end - t_request) / width))
+    # Whole buckets only: the span is measured at t_end, so a last bucket reaching past
+    # it has not seen the commits due in its remainder (it read as downtime).
+    n = max(1, math.floor((t_end - t_request) / width))
     counts = [0] * n
     worst: float | None = None
     for t, records, p95, *_ in batches:
