@@ -7,8 +7,8 @@ small cluster: the snapshot read and the new query's first batch (which loads th
 snapshot into the new key groups) take executor slots and CPU for seconds, and the old
 query's batches stretch from 0.65 s to 4 s (measured at 650 K keys on 2 cores). Spark
 cannot lower a task's OS priority, but a process can lower its own: this one runs
-``nice 19`` under Linux's ``SCHED_IDLE`` (and the idle I/O class) with a one-core local
-Spark, so it takes only the CPU the run leaves idle. On a machine that other work keeps busy that can starve it
+``nice 19`` under Linux's ``SCHED_IDLE`` with a one-core local Spark, so it takes only
+the CPU the run leaves idle. On a machine that other work keeps busy that can starve it
 (Spark fails a Python worker that has not connected back within 10 s): the runner then
 raises it to ``LOW`` (``raise_priority``) or runs it again at ``LOW``.
 
@@ -159,25 +159,6 @@ class StarvationWatch:
         return share < self.share
 
 
-# ioprio_set(2) (no wrapper in Python's os): its number per architecture, and the classes.
-_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
-IOPRIO_IDLE = 3 << 13  # disk time only when no other process wants the disk
-IOPRIO_BEST_EFFORT_LOWEST = (2 << 13) | 7
-
-
-def set_io_priority(tid: int, ioprio: int) -> bool:
-    """The I/O priority of thread ``tid`` (0: the calling one); threads and processes it
-    starts later inherit it. False where Linux's ioprio_set is not available."""
-    import ctypes
-    import platform
-
-    number = _IOPRIO_SET.get(platform.machine())
-    if number is None:
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(number, 1, tid, ioprio) == 0  # IOPRIO_WHO_PROCESS
-
-
 def raise_priority(pid: int) -> int:
     """Move every thread of a transfer (``pid``, its JVM, the JVM's Python workers) from
     idle to ``LOW`` priority; how many threads moved. Linux keeps scheduling per thread,
@@ -193,7 +174,6 @@ def raise_priority(pid: int) -> int:
             try:
                 os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
                 os.setpriority(os.PRIO_PROCESS, tid, PRIORITIES[LOW])
-                set_io_priority(tid, IOPRIO_BEST_EFFORT_LOWEST)
                 moved += 1
             except (AttributeError, OSError):
                 continue
@@ -212,9 +192,6 @@ def set_own_priority(priority: str) -> None:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux, or not allowed: nice 19 only
         pass
-    # Its disk reads and synchronous writes (the snapshot, the seeded state store) wait
-    # for the run's own (state store commits, offset and commit logs) as well.
-    set_io_priority(0, IOPRIO_IDLE)
 
 
 def main(argv: list[str] | None = None) -> int:
