@@ -166,7 +166,7 @@ class BatchMetrics:
             self.last_source_end = record["source_end"]
         self.batch_s.append(record["batch_duration_ms"] / 1000.0)
         self.history.append((commit.committed_at, records, lat["p95"],
-                             record["trigger_started_at"] or commit.started_at))
+                             record["trigger_started_at"]))
         self.reported[generation] = max(self.reported.get(generation, -1), progress.batchId)
         self.queue.put(record)
         return record
