@@ -328,3 +328,26 @@ def test_a_transfer_is_starving_when_its_group_gets_almost_no_cpu() -> None:
         for p in (sleeping, busy):
             os.killpg(p.pid, 9)
             p.wait()
+
+
+def test_a_triggered_run_is_spread_over_its_trigger_period_and_a_stop_still_shows() -> None:
+    # A 1-s trigger; batches run 0.4-0.7 s, so each 1-s bucket holds parts of two
+    # batches of unequal length.
+    durations = [0.5, 0.7, 0.4, 0.6, 0.5, 0.7] * 30
+    batches = [(1000.0 + i + d, 100, 900.0, 1000.0 + i) for i, d in enumerate(durations)]
+    t_request = 1100.5
+    spread = [(b[0], b[1], b[3]) for b in batches]
+    from_start = replan.throughput_per_second(spread, t_request, 1170.0)
+    assert min(from_start) < 0.75 * 100  # read from the batches' starts only: "disrupted"
+    paced = replan.throughput_per_second(spread, t_request, 1170.0, trigger_s=1.0)
+    assert min(paced) >= 0.75 * 100
+    m = replan.gloss_metrics(batches, t_request, 1170.0, lambda t: int(100 * t),
+                             trigger_s=1.0)
+    assert m.disrupted_s == 0 and m.downtime_s == 0 and m.baseline_disrupted_share == 0
+    # A 10-s stop, then one batch of everything since: the seconds without a query are
+    # disrupted however the trigger paced the batches before.
+    stopped = [b for b in batches if b[0] < 1110.0]
+    stopped += [(1121.0, 1100, 900.0, 1120.0)] + [
+        (1122.0 + i + 0.4, 100, 900.0, 1122.0 + i) for i in range(20)]
+    m = replan.gloss_metrics(stopped, 1109.5, 1140.0, lambda t: int(100 * t), trigger_s=1.0)
+    assert m.disrupted_s >= 9

@@ -44,6 +44,7 @@ from pipelines.runtime import bus as busmod
 from pipelines.runtime import calibration, cluster, definition, elastic, power, verify
 from pipelines.runtime.harness import HarnessError, RunnerProcess, keyed_count, wait_steady
 from pipelines.runtime.reconfigure import MIGRATION_TIMEOUT_S
+from pipelines.runtime.replan_bench import REPLAN_TRIGGER_MS
 
 SCHEDULES = elastic.STRATEGIES
 
@@ -293,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="replan: a NEXMark query (e.g. Q5) instead of the keyed count")
     ap.add_argument("--schemes", default=",".join(("seamless", "stop-restart")),
                     help="replan: comma-separated schemes (seamless, stop-restart)")
+    ap.add_argument("--trigger-ms", type=int, default=None,
+                    help="replan: the pipeline's processing-time trigger (default: "
+                         f"{REPLAN_TRIGGER_MS} ms; 0: each batch as soon as the last ends)")
     ap.add_argument("--capacity", type=float, default=None,
                     help="closed-loop: one worker's records/s (default: calibrate)")
     args = ap.parse_args(argv)
@@ -307,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"strategies must be among {', '.join(LOOP_STRATEGIES)}")
         if args.reconfigs < 1:
             raise ValueError("--reconfigs must be >= 1")
+        if args.trigger_ms is not None and args.trigger_ms < 0:
+            raise ValueError("--trigger-ms must be >= 0")
         schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
         if not schemes or set(schemes) - {"seamless", "stop-restart"}:
             raise ValueError("--schemes: seamless and/or stop-restart")
@@ -350,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
 
             result = bench_replan(info.master_url, work, args.redis_url, keys[0], args.rate,
                                   args.reconfigs, args.steady, args.executor_memory,
-                                  schemes, args.nexmark)
+                                  schemes, args.nexmark,
+                                  REPLAN_TRIGGER_MS if args.trigger_ms is None
+                                  else args.trigger_ms)
         else:
             result = {"benchmark": "scale", "sizes": [
                 bench_scale(info.master_url, work, args.redis_url, k, args.rate, args.groups,

@@ -463,7 +463,7 @@ def bucket_width(commit_times: Sequence[float]) -> float:
 
 
 def throughput_per_second(batches: Sequence[tuple[float, int, float | None]],
-                          t_from: float, t_to: float) -> list[float]:
+                          t_from: float, t_to: float, trigger_s: float = 0.0) -> list[float]:
     """Records processed in each 1-s bucket from ``t_from`` (up to ``t_to`` and the last
     commit). ``batches``: (commit time, records, start time or None); each batch's
     records are spread evenly over the time it ran (from its start, or else from the
@@ -473,7 +473,14 @@ def throughput_per_second(batches: Sequence[tuple[float, int, float | None]],
     sink's start instead, each batch's planning read as time without throughput: on a
     steady keyed count over 1 M keys at 1,000 records/s, 2 cores, 9 of 124 seconds fell
     below ¾ of the mean that way, 5 from the trigger start). A stop shows as the seconds
-    in which no query ran, however large the batch after it."""
+    in which no query ran, however large the batch after it.
+
+    A pipeline on a processing-time trigger (``trigger_s`` > 0) waits for it after each
+    batch by design: a batch's records are spread from the previous commit when its
+    trigger fired within ``trigger_s`` of it (the query was pacing, not stalled), and
+    from ``trigger_s`` before its start otherwise. Spread from its start only, a
+    0.4-s batch on a 1-s trigger left a 1-s bucket between two batches short of one
+    batch's records whenever the next batch ran longer."""
     done = sorted(batches, key=lambda b: b[0])
     last = min(t_to, done[-1][0]) if done else t_from
     n = max(0, math.floor(last - t_from))
@@ -481,6 +488,8 @@ def throughput_per_second(batches: Sequence[tuple[float, int, float | None]],
     previous: float | None = None
     for commit, records, started in done:
         a = started if started is not None else previous
+        if started is not None and previous is not None and trigger_s > 0:
+            a = min(started, max(previous, started - trigger_s))
         previous = commit
         if a is None or commit <= a or commit <= t_from or a >= t_from + n:
             continue
@@ -494,7 +503,8 @@ def throughput_per_second(batches: Sequence[tuple[float, int, float | None]],
 
 def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
                   t_end: float, input_by: Callable[[float], int],
-                  baseline_from: float | None = None) -> GlossMetrics:
+                  baseline_from: float | None = None,
+                  trigger_s: float = 0.0) -> GlossMetrics:
     """``batches``: the run's forwarded batches as (commit time, records, p95 ms[, start
     time]); ``input_by(t)``: records the source had scheduled by time t. From ``t_request`` to
     ``t_end``:
@@ -507,7 +517,8 @@ def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
       ``baseline_from``: the end of the previous re-plan's measurement). Counting whole
       batches into buckets instead made a steady run "disrupted" whenever a bucket held
       one batch fewer than the last (half the buckets at a 0.95-s cadence): the
-      records are spread over the time their batch ran."""
+      records are spread over the time their batch ran (``trigger_s``: the pipeline's
+      processing-time trigger, :func:`throughput_per_second`)."""
     since = max(t_request - BASELINE_S, baseline_from or 0.0)
     before = [(b[0], b[1]) for b in batches if since <= b[0] < t_request]
     width = bucket_width([t for t, _ in before])
@@ -530,9 +541,9 @@ def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
     down_at = [round(i * width, 1) for i, c in enumerate(counts) if c == 0
                and input_by(t_request + (i + 1) * width) > input_by(t_request + i * width)]
     spread = [(b[0], b[1], b[3] if len(b) > 3 else None) for b in batches]
-    rates = throughput_per_second(spread, t_request, t_end)
+    rates = throughput_per_second(spread, t_request, t_end, trigger_s)
     disrupted_at = [i for i, r in enumerate(rates) if r < DISRUPTED_SHARE * baseline]
-    steady = throughput_per_second(spread, since, t_request) if before else []
+    steady = throughput_per_second(spread, since, t_request, trigger_s) if before else []
     steady_low = sum(1 for r in steady if r < DISRUPTED_SHARE * baseline)
     return GlossMetrics(
         downtime_s=len(down_at) * width,

@@ -374,7 +374,8 @@ class Runner:
         measured = replan.gloss_metrics(list(self.metrics.history), t_request,
                                         t_switch + replan.SETTLE_S,
                                         lambda t: schedule.records_by(t - self.t0),
-                                        baseline_from=self.last_replan_end)
+                                        baseline_from=self.last_replan_end,
+                                        trigger_s=self.spec.trigger_ms / 1000.0)
         self.last_replan_end = t_switch + replan.SETTLE_S
         summary = {"scheme": scheme, "generation": number, "from_groups": old.key_groups,
                    "to_groups": groups, "requested_at": t_request, **facts,
