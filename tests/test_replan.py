@@ -351,3 +351,46 @@ def test_a_triggered_run_is_spread_over_its_trigger_period_and_a_stop_still_show
         (1122.0 + i + 0.4, 100, 900.0, 1122.0 + i) for i in range(20)]
     m = replan.gloss_metrics(stopped, 1109.5, 1140.0, lambda t: int(100 * t), trigger_s=1.0)
     assert m.disrupted_s >= 9
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_transfer_gate_stops_the_transfer_during_a_batch_and_never_for_long() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from pipelines.runtime import procs, reseed
+
+    # A busy transfer stand-in in a session of its own, with a child (its "JVM").
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "import subprocess, sys, time; subprocess.Popen([sys.executable, "
+                             "'-c', 'while True: pass']); time.sleep(60)"],
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(procs.tree_pids([proc.pid])) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = [p for p in procs.tree_pids([proc.pid]) if p != proc.pid][0]
+        gate = reseed.TransferGate(proc.pid, hold_max_s=1.0)
+        gate.hold()
+        time.sleep(0.2)
+        assert _state(child) == "T"  # the whole group is stopped
+        gate.release()
+        time.sleep(0.2)
+        assert _state(child) != "T"
+        gate.hold()
+        time.sleep(1.5)  # a batch longer than hold_max_s: the transfer goes on meanwhile
+        assert _state(child) != "T"
+        gate.release()  # a release after the expiry changes nothing
+        assert gate.holds == 2 and 1.1 < gate.held_s < 1.6
+        gate.close()
+        gate.hold()  # closed: a batch that begins later no longer stops it
+        time.sleep(0.1)
+        assert _state(child) != "T"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -11,7 +11,9 @@ count needs a new query with a new checkpoint):
   does this, and the new query's first batch (the snapshot merged into the new key
   groups, ``query.keyed_aggregate``), in a ``nice 19`` process of its own
   (``reseed.py``): inside the run's application both took executor slots for seconds
-  and stretched the old query's batches sixfold.
+  and stretched the old query's batches sixfold. On a processing-time trigger the
+  transfer runs only between the old query's batches (``reseed.TransferGate``): at idle
+  priority beside them it still doubled their task time.
 * **Concurrent start (§5, §6.1).** The new query (new checkpoint, the new
   ``spark.sql.shuffle.partitions``) resumes the seeded checkpoint in the same
   application beside the old one and reads the deterministic source on from where its

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -136,6 +137,75 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "snapshot_s": round(snapshot_s, 2),
             "seed_s": round(time.perf_counter() - seeded, 2), "end": end,
             "batches": last + 1}
+
+
+# The longest the gate keeps a transfer stopped at a time: a forwarded query whose batches
+# run back to back (its trigger leaves no idle time) still lets the transfer progress.
+GATE_HOLD_MAX_S = 2.0
+
+
+class TransferGate:
+    """Runs a transfer only while the forwarded query waits for its next trigger.
+
+    Measured on 2 cores (keyed count, 1 M keys, 1,000 records/s, 1-s trigger): with the
+    transfer at idle priority beside it, the old query's batches took 1.0-1.7 s instead
+    of 0.65 s, their task time doubled as well, although the machine still had a
+    quarter of a core idle (shared caches and memory, or the hypervisor: idle priority
+    only orders the run queue). Gloss (§6.2) transfers state on capacity the running
+    instance does not use; on a triggered query that capacity is the time between a
+    batch's commit and the next trigger. So the runner stops the transfer's process
+    group (SIGSTOP, as ``frequency.py`` duty-cycles executors) when the forwarded query
+    begins a batch (``hold``) and continues it when that batch is committed
+    (``release``), never for longer than ``hold_max_s`` at a time."""
+
+    def __init__(self, pgid: int, hold_max_s: float = GATE_HOLD_MAX_S) -> None:
+        self.pgid, self.hold_max_s = pgid, hold_max_s
+        self.lock = threading.Lock()
+        self.held_since: float | None = None
+        self.closed = False
+        self.holds = 0
+        self.held_s = 0.0  # the transfer's time stopped, for the re-plan's report
+
+    def hold(self) -> None:
+        """The forwarded query begins a batch: stop the transfer."""
+        with self.lock:
+            if self.closed or self.held_since is not None or not self._signal(signal.SIGSTOP):
+                return
+            self.held_since = time.monotonic()
+            self.holds += 1
+            timer = threading.Timer(self.hold_max_s, self._expire, args=(self.holds,))
+            timer.daemon = True
+            timer.start()
+
+    def release(self) -> None:
+        """The forwarded query committed its batch: continue the transfer."""
+        with self.lock:
+            self._continue()
+
+    def close(self) -> None:
+        """Continue the transfer for good (it ends, or is ended, running)."""
+        with self.lock:
+            self._continue()
+            self.closed = True
+
+    def _expire(self, hold: int) -> None:
+        with self.lock:
+            if self.holds == hold:
+                self._continue()
+
+    def _continue(self) -> None:
+        if self.held_since is None:
+            return
+        self.held_s += time.monotonic() - self.held_since
+        self.held_since = None
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, sig: int) -> bool:
+        try:
+            os.killpg(self.pgid, sig)
+            return True
+        except (ProcessLookupError, PermissionError):  # ended meanwhile
+            return False
 
 
 class StarvationWatch:

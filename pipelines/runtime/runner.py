@@ -120,6 +120,9 @@ class Runner:
                                             self.run_dir / "checkpoint")
         self.arbiter = replan.Arbiter(self.run_dir, self.generation)
         self.replanning = False
+        # A seamless re-plan's state transfer, run only between the forwarded query's
+        # batches (reseed.TransferGate; None: no transfer, or an untriggered pipeline).
+        self.transfer_gate: Any = None
         self.last_replan_end: float | None = None
         routing = elastic.RoutingTable(self.spec.key_groups)
         self.metrics = BatchMetrics(self.spec, bus, self.run_dir / "checkpoint", routing, self)
@@ -292,12 +295,18 @@ class Runner:
         def on_commit(commit: Any) -> None:
             gen.batch_s = commit.committed_at - commit.started_at
             self.arbiter.written(gen, commit.batch_id)
+            gate = self.transfer_gate
+            if gate is not None and gen.number == self.arbiter.active:
+                gate.release()
             self.metrics.on_commit(commit)
 
         sc = self.spark.sparkContext
 
         def begin(batch_id: int) -> None:
             self.arbiter.begin(gen, batch_id)
+            gate = self.transfer_gate
+            if gate is not None and gen.number == self.arbiter.active:
+                gate.hold()
             # foreachBatch runs on the query's stream thread: the batch's jobs, submitted
             # from here on, take this thread's pool (replan.Arbiter.pool_for).
             sc.setLocalProperty("spark.scheduler.pool", self.arbiter.pool_for(gen))
@@ -471,6 +480,8 @@ class Runner:
                 "transfer_s": round(new_started - started, 2),
                 "replayed": spec.graph is not None,
                 "seed_s": transfer.get("seed_s"),
+                # The transfer's time stopped while the forwarded query ran its batches.
+                "transfer_gated_s": transfer.get("gated_s"),
                 "overlap_from": new_started if scheme == "seamless" else started,
                 "overlap_to": switched_at,
                 "overlap_s": round(switched_at - new_started, 2)
@@ -540,6 +551,9 @@ class Runner:
                                     stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + replan.CATCH_UP_TIMEOUT_S
         watch = reseed.StarvationWatch(proc.pid) if priority == reseed.IDLE else None
+        # Its own session: the process group is the transfer's (its JVM, Python workers).
+        gate = reseed.TransferGate(proc.pid) if self.spec.trigger_ms > 0 else None
+        self.transfer_gate = gate
         try:
             while proc.poll() is None:
                 if self.stop_event.wait(0.2) or time.monotonic() > deadline:
@@ -556,6 +570,9 @@ class Runner:
                           f"{reseed.STARVED_WINDOW_S:.0f} s at idle priority; raised "
                           f"{raised} threads to low priority", file=sys.stderr, flush=True)
         finally:
+            self.transfer_gate = None
+            if gate is not None:
+                gate.close()
             # The whole session: a JVM or Python worker left behind would take the CPU
             # the run needs.
             try:
@@ -569,7 +586,10 @@ class Runner:
             errors = [ln for ln in tail if "Error" in ln or "Exception" in ln] or tail
             raise _TransferFailed(f"the state transfer failed: {errors[-1][:300]}"
                                   if errors else "the state transfer failed")
-        return json.loads((gdir / "reseed-result.json").read_text())
+        result = json.loads((gdir / "reseed-result.json").read_text())
+        if gate is not None:
+            result.update(gated_s=round(gate.held_s, 1), gate_holds=gate.holds)
+        return result
 
     def _adopt(self, new: replan.Generation, spec: definition.PipelineSpec) -> None:
         """The new generation is the run's query: placement, metrics and commands act
