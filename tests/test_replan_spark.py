@@ -23,7 +23,9 @@ MEAN = {"source": {"type": "generator", "seed": 8, "partitions": 2,
                       {"type": "keyed_aggregate", "key": "key", "agg": "mean",
                        "field": "value"}],
         "sink": {"type": "latency", "keep_output": True},
-        "key_groups": 6}
+        # A processing-time trigger: the seamless transfer runs between its batches
+        # (reseed.TransferGate); the HFT and NEXMark cases run without one.
+        "key_groups": 6, "trigger_ms": 1000}
 
 
 def _replan(run: RunnerProcess, groups: int, scheme: str) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def _up_and_down(run: RunnerProcess, warm: int, up: int, down: int
 def _print_facts(seamless: dict[str, Any], restart: dict[str, Any]) -> None:
     print(json.dumps({k: {f: a.get(f) for f in (
         "overlap_s", "catch_up_s", "transfer_s", "snapshot_rows", "downtime_s",
-        "disrupted_s", "bucket_s", "discarded_batches")}
+        "disrupted_s", "bucket_s", "discarded_batches", "transfer_gated_s")}
         for k, a in (("seamless", seamless), ("stop-restart", restart))}))
 
 
@@ -70,6 +72,8 @@ def test_key_groups_change_on_a_running_query_with_exactly_once_output(
     # The new query ran beside the old one (seamless) and the old one's output stopped
     # before the new one's began (stop-and-restart).
     assert seamless["overlap_s"] > 0 and restart["overlap_s"] == 0
+    # The transfer was stopped while the old query ran its batches.
+    assert seamless["transfer_gated_s"] > 0 and restart["transfer_gated_s"] is None
     assert seamless["snapshot_rows"] > 0 and restart["snapshot_rows"] >= seamless["snapshot_rows"]
     # The run's output batches continue across generations, one record each.
     epochs = [m["batch_id"] for m in run.metrics]
