@@ -391,6 +391,15 @@ def test_the_transfer_gate_stops_the_transfer_during_a_batch_and_never_for_long(
         gate.hold()  # closed: a batch that begins later no longer stops it
         time.sleep(0.1)
         assert _state(child) != "T"
+        # A runner leaving at once ends a held transfer, its children included.
+        gate = reseed.TransferGate(proc.pid)
+        gate.hold()
+        gate.end()
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child}").exists() and _state(child) != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()

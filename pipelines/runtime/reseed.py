@@ -188,6 +188,13 @@ class TransferGate:
             self._continue()
             self.closed = True
 
+    def end(self) -> None:
+        """End the transfer (a runner leaving at once): continued, then killed. A runner
+        killed outright cannot do this: a transfer it held stays stopped until its
+        process group is killed (``pgrep -f pipelines.runtime.reseed`` gives its id)."""
+        self.close()
+        self._signal(signal.SIGKILL)
+
     def _expire(self, hold: int) -> None:
         with self.lock:
             if self.holds == hold:

@@ -671,6 +671,9 @@ class Runner:
         try:
             if self.reconfig.actuator is not None:
                 self.reconfig.actuator.restore()
+            gate = self.transfer_gate
+            if gate is not None:  # a transfer under way: not left behind, stopped or not
+                gate.end()
             self.end_heartbeat()
             self.bus.publish_event(RunnerEvent.STOPPED, batches=self.metrics.batches,
                                    reason=f"SIGTERM; the query had not stopped within "
