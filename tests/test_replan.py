@@ -324,6 +324,10 @@ def test_a_transfer_is_starving_when_its_group_gets_almost_no_cpu() -> None:
         time.sleep(1.6)
         assert watches[sleeping].starved()
         assert not watches[busy].starved()
+        # Held stopped by the transfer gate for the whole window: not starving.
+        stopped = reseed.StarvationWatch(sleeping.pid, window_s=1.5)
+        time.sleep(1.6)
+        assert not stopped.starved(stopped_s=1.6)
     finally:
         for p in (sleeping, busy):
             os.killpg(p.pid, 9)

@@ -562,7 +562,7 @@ class Runner:
                                              f"{replan.CATCH_UP_TIMEOUT_S:.0f} s")
                 if not (old.query and old.query.isActive):
                     raise replan.ReplanError("the old query ended during the transfer")
-                if watch is not None and watch.starved():
+                if watch is not None and watch.starved(gate.held_s if gate else 0.0):
                     watch = None
                     raised = reseed.raise_priority(proc.pid)
                     print(f"re-plan: the state transfer got less than "
