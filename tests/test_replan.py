@@ -395,6 +395,22 @@ def test_the_transfer_gate_stops_the_transfer_during_a_batch_and_never_for_long(
         gate.hold()  # closed: a batch that begins later no longer stops it
         time.sleep(0.1)
         assert _state(child) != "T"
+        # A runner killed outright while it holds the transfer: the watchdog continues it.
+        holder = subprocess.Popen(
+            [sys.executable, "-c",
+             "import time\nfrom pipelines.runtime import reseed\n"
+             f"g = reseed.TransferGate({proc.pid}, hold_max_s=60)\ng.hold()\n"
+             "print(flush=True)\ntime.sleep(120)\n"],
+            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+        assert holder.stdout is not None
+        holder.stdout.readline()
+        assert _state(child) == "T"
+        holder.kill()
+        holder.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _state(child) == "T":
+            assert time.monotonic() < deadline, "the watchdog did not continue the transfer"
+            time.sleep(0.05)
         # A runner leaving at once ends a held transfer, its children included.
         gate = reseed.TransferGate(proc.pid)
         gate.hold()

@@ -255,30 +255,11 @@ class DutyCycleThrottle:
                 self._stopped.discard(pid)
 
     def _tell_watchdog(self, pids: list[int]) -> None:
-        """Give the watchdog the pids to continue should this process die."""
-        if self._watchdog is None or self._watchdog.poll() is not None:
-            self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", __name__, "watchdog"], stdin=subprocess.PIPE,
-                stdout=subprocess.DEVNULL, start_new_session=True,
-                cwd=Path(__file__).resolve().parents[2])  # where the package imports from
-        assert self._watchdog.stdin is not None
-        try:
-            self._watchdog.stdin.write((json.dumps(pids) + "\n").encode())
-            self._watchdog.stdin.flush()
-        except OSError:  # it died: a new one is started on the next listing
-            self._watchdog = None
+        self._watchdog = tell_watchdog(self._watchdog, pids)
 
     def _end_watchdog(self) -> None:
-        if self._watchdog is not None:
-            try:
-                self._watchdog.stdin.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-            try:
-                self._watchdog.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._watchdog.kill()
-            self._watchdog = None
+        end_watchdog(self._watchdog)
+        self._watchdog = None
 
     def _loop(self) -> None:
         pids: list[int] = []
@@ -324,10 +305,44 @@ def choose_actuator(app_id: str, f_max_ghz: float,
         lambda: [p for tree in executor_processes(app_id).values() for p in tree], f_max_ghz)
 
 
+def tell_watchdog(watchdog: subprocess.Popen | None,
+                  pids: list[int]) -> subprocess.Popen | None:
+    """Give a watchdog (``watchdog_main``; started when ``watchdog`` is None or has
+    died) the pids to continue should this process die: the watchdog to keep, or None
+    if it died meanwhile (a new one is started on the next call)."""
+    if watchdog is None or watchdog.poll() is not None:
+        watchdog = subprocess.Popen(
+            [sys.executable, "-m", __name__, "watchdog"], stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL, start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2])  # where the package imports from
+    assert watchdog.stdin is not None
+    try:
+        watchdog.stdin.write((json.dumps(pids) + "\n").encode())
+        watchdog.stdin.flush()
+    except OSError:
+        return None
+    return watchdog
+
+
+def end_watchdog(watchdog: subprocess.Popen | None) -> None:
+    """Close a watchdog's pipe (it continues its processes and exits) and reap it."""
+    if watchdog is None:
+        return
+    try:
+        watchdog.stdin.close()  # type: ignore[union-attr]
+    except OSError:
+        pass
+    try:
+        watchdog.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        watchdog.kill()
+
+
 def watchdog_main() -> int:
     """Read pid lists (JSON, one per line) from stdin, the pipe the throttle holds; when
     it closes (the throttle ended, or its process died), continue the last list's
-    processes. Continuing a process that runs is harmless."""
+    processes (a negative pid: a process group, as for kill(2)). Continuing a process
+    that runs is harmless."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the group is the runner's
     pids: list[int] = []
     for line in sys.stdin:

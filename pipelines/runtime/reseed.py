@@ -156,10 +156,15 @@ class TransferGate:
     batch's commit and the next trigger. So the runner stops the transfer's process
     group (SIGSTOP, as ``frequency.py`` duty-cycles executors) when the forwarded query
     begins a batch (``hold``) and continues it when that batch is committed
-    (``release``), never for longer than ``hold_max_s`` at a time."""
+    (``release``), never for longer than ``hold_max_s`` at a time. The throttle's
+    watchdog (``frequency.tell_watchdog``) continues the group should the runner die
+    while it holds it."""
 
     def __init__(self, pgid: int, hold_max_s: float = GATE_HOLD_MAX_S) -> None:
+        from pipelines.runtime import frequency
+
         self.pgid, self.hold_max_s = pgid, hold_max_s
+        self.watchdog = frequency.tell_watchdog(None, [-pgid])
         self.lock = threading.Lock()
         self.held_since: float | None = None
         self.closed = False
@@ -184,14 +189,16 @@ class TransferGate:
 
     def close(self) -> None:
         """Continue the transfer for good (it ends, or is ended, running)."""
+        from pipelines.runtime import frequency
+
         with self.lock:
             self._continue()
             self.closed = True
+        frequency.end_watchdog(self.watchdog)
+        self.watchdog = None
 
     def end(self) -> None:
-        """End the transfer (a runner leaving at once): continued, then killed. A runner
-        killed outright cannot do this: a transfer it held stays stopped until its
-        process group is killed (``pgrep -f pipelines.runtime.reseed`` gives its id)."""
+        """End the transfer (a runner leaving at once): continued, then killed."""
         self.close()
         self._signal(signal.SIGKILL)
 
