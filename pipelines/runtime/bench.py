@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="replan: a NEXMark query (e.g. Q5) instead of the keyed count")
     ap.add_argument("--schemes", default=",".join(("seamless", "stop-restart")),
                     help="replan: comma-separated schemes (seamless, stop-restart)")
-    ap.add_argument("--trigger-ms", type=int, default=None,
+    ap.add_argument("--trigger-ms", type=int, default=REPLAN_TRIGGER_MS,
                     help="replan: the pipeline's processing-time trigger (default: "
                          f"{REPLAN_TRIGGER_MS} ms; 0: each batch as soon as the last ends)")
     ap.add_argument("--capacity", type=float, default=None,
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"strategies must be among {', '.join(LOOP_STRATEGIES)}")
         if args.reconfigs < 1:
             raise ValueError("--reconfigs must be >= 1")
-        if args.trigger_ms is not None and args.trigger_ms < 0:
+        if args.trigger_ms < 0:
             raise ValueError("--trigger-ms must be >= 0")
         schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
         if not schemes or set(schemes) - {"seamless", "stop-restart"}:
@@ -356,9 +356,7 @@ def main(argv: list[str] | None = None) -> int:
 
             result = bench_replan(info.master_url, work, args.redis_url, keys[0], args.rate,
                                   args.reconfigs, args.steady, args.executor_memory,
-                                  schemes, args.nexmark,
-                                  REPLAN_TRIGGER_MS if args.trigger_ms is None
-                                  else args.trigger_ms)
+                                  schemes, args.nexmark, args.trigger_ms)
         else:
             result = {"benchmark": "scale", "sizes": [
                 bench_scale(info.master_url, work, args.redis_url, k, args.rate, args.groups,
