@@ -23,7 +23,7 @@ its state in place and only seconds behind.
 A dataflow pipeline has no snapshot: its new generation replays the records of its
 state horizon (``replan.replay_start``) in its first batches, ending at ``first_ends``.
 
-JOB keys: spec (the definition), t0, plan_dir, old_checkpoint, batch, start (the first
+JOB keys: spec (the definition), cores (its local Spark's; default 1), t0, plan_dir, old_checkpoint, batch, start (the first
 record the new generation reads), first_ends (a replay's), key (the key field), agg,
 window (true for an HFT window), snapshot (none for a replay), checkpoint, result (a
 JSON file written at the end: rows (of the snapshot; none for a replay), snapshot_s,
@@ -62,7 +62,11 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     spec = definition.validate(job["spec"])
     # No UI: this driver lives seconds and must not take the next UI port or CPU.
     os.environ["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"
-    spark = build_session("local[1]", "streamwise-reseed", 1, "1g")
+    # One core unless the runner gates it (``TransferGate``): a gated transfer runs only
+    # while the run's query waits for its trigger, when every core is idle, so it uses
+    # them all (its snapshot read and seeding batch split over the key groups).
+    cores = max(1, int(job.get("cores") or 1))
+    spark = build_session(f"local[{cores}]", "streamwise-reseed", cores, "1g")
     spark.sparkContext.setLogLevel("ERROR")
     apply_run_conf(spark, spec)
     # RocksDB then uploads the seeded state as files at the commit: the run's
