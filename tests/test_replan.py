@@ -348,6 +348,8 @@ def test_a_triggered_run_is_spread_over_its_trigger_period_and_a_stop_still_show
     m = replan.gloss_metrics(batches, t_request, 1170.0, lambda t: int(100 * t),
                              trigger_s=1.0)
     assert m.disrupted_s == 0 and m.downtime_s == 0 and m.baseline_disrupted_share == 0
+    # Busy 0.4-0.7 s of every second before the request: 0.57 of it.
+    assert m.baseline_busy_share == pytest.approx(sum(durations[:6]) / 6, abs=0.02)
     # A 10-s stop, then one batch of everything since: the seconds without a query are
     # disrupted however the trigger paced the batches before.
     stopped = [b for b in batches if b[0] < 1110.0]

@@ -442,6 +442,10 @@ class GlossMetrics:
     # The same count over the baseline window itself, per second of it: the metric's
     # noise floor on a steady run (0 when the 1-s rates of steady output are smooth).
     baseline_disrupted_share: float = 0.0
+    # The share of the baseline window the old configuration spent running batches (the
+    # sum of their durations over the window): Gloss' workloads load the old
+    # configuration to about 70 % of its capacity (§9.1). None without batch starts.
+    baseline_busy_share: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -547,12 +551,18 @@ def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
     disrupted_at = [i for i, r in enumerate(rates) if r < DISRUPTED_SHARE * baseline]
     steady = throughput_per_second(spread, since, t_request, trigger_s) if before else []
     steady_low = sum(1 for r in steady if r < DISRUPTED_SHARE * baseline)
+    ran = [(b[3], b[0]) for b in batches
+           if len(b) > 3 and b[3] is not None and since <= b[3] and b[0] < t_request]
+    window = (ran[-1][1] - ran[0][0]) if ran else 0.0
+    busy = (round(sum(c - s for s, c in ran) / window, 3) if len(ran) >= 2 and window > 0
+            else None)
     return GlossMetrics(
         downtime_s=len(down_at) * width,
         disrupted_s=float(len(disrupted_at)), disrupted_at_s=disrupted_at,
         disrupted_strict_s=float(sum(1 for r in rates if r < baseline)),
         bucket_s=width, baseline_rate=round(baseline, 1), buckets=n, down_at_s=down_at,
         baseline_disrupted_share=round(steady_low / len(steady), 3) if steady else 0.0,
+        baseline_busy_share=busy,
         worst_p95_ms=round(worst, 1) if worst is not None else None)
 
 
