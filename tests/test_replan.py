@@ -425,3 +425,18 @@ def test_the_transfer_gate_stops_the_transfer_during_a_batch_and_never_for_long(
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def test_a_short_replay_runs_in_the_application_and_a_long_one_in_a_process() -> None:
+    from pipelines.nexmark import queries
+
+    q5 = definition.validate(queries.definition("Q5", 1000, key_groups=8))
+    q3 = definition.validate(queries.definition("Q3", 1000, key_groups=8))
+    start = 500_000
+    # Q5: 20-s horizon; Q3: 660 s (its person and auction buffers).
+    assert not replan.replays_in_process(q5, start, replan.replay_start(q5, start, 0.0))
+    assert replan.replays_in_process(q3, start, replan.replay_start(q3, start, 0.0))
+    assert replan.replays_in_process(q5, start, 400_000, "process")
+    assert not replan.replays_in_process(q3, start, 0, "application")
+    with pytest.raises(replan.ReplanError, match="replay_in must be one of"):
+        replan.replays_in_process(q5, start, 400_000, "elsewhere")

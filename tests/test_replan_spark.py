@@ -28,8 +28,8 @@ MEAN = {"source": {"type": "generator", "seed": 8, "partitions": 2,
         "key_groups": 6, "trigger_ms": 1000}
 
 
-def _replan(run: RunnerProcess, groups: int, scheme: str) -> dict[str, Any]:
-    ack = run.command("replan", timeout_s=600, key_groups=groups, scheme=scheme)
+def _replan(run: RunnerProcess, groups: int, scheme: str, **extra: Any) -> dict[str, Any]:
+    ack = run.command("replan", timeout_s=600, key_groups=groups, scheme=scheme, **extra)
     assert ack["ok"], ack["message"]
     assert (ack["from_groups"], ack["to_groups"], ack["scheme"]) == (
         ack["from_groups"], groups, scheme)
@@ -117,17 +117,23 @@ def test_a_nexmark_window_query_is_replanned_by_replaying_its_state_horizon(
         tmp_path: Path, spark_cluster: Any) -> None:
     """NEXMark Q5 (hot items: sliding-window bid counts, then the top auction per
     window): its state is rebuilt by replaying the records of its state horizon
-    (``replan.replay_start``), seamless (in ``reseed.py``) and after a stop; every window
-    the run emitted equals Beam's query model over the same events."""
+    (``replan.replay_start``), seamless (in the run's application beside the old query,
+    then in a transfer process, ``reseed.py``) and after a stop; every window the run
+    emitted equals Beam's query model over the same events."""
     from pipelines.nexmark import queries
 
     doc = queries.definition("Q5", 500, key_groups=4)
     run = _runner(tmp_path, spark_cluster, doc, "q5")
     with run:
         seamless, restart = _up_and_down(run, 8, 8, 2)
+        in_process = _replan(run, 4, "seamless", replay_in="process")
+        run.wait_batches(4)
     _print_facts(seamless, restart)
     assert seamless["snapshot_rows"] > 0  # records replayed
-    assert {m["generation"] for m in run.metrics} == {0, 1, 2}
+    assert seamless["state_built_in"] == "application" and seamless["seed_s"] is None
+    assert in_process["state_built_in"] == "process" and in_process["seed_s"] is not None
+    assert in_process["overlap_s"] > 0
+    assert {m["generation"] for m in run.metrics} == {0, 1, 2, 3}
     report = verify.verify(definition.validate(doc), run.t0, run.work / "checkpoint",
                            run.work / "output")
     assert report.ok, report.problems

@@ -297,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger-ms", type=int, default=REPLAN_TRIGGER_MS,
                     help="replan: the pipeline's processing-time trigger (default: "
                          f"{REPLAN_TRIGGER_MS} ms; 0: each batch as soon as the last ends)")
+    ap.add_argument("--replay-in", default="auto", choices=["auto", "application", "process"],
+                    help="replan --nexmark: where a seamless re-plan replays the query's "
+                         "state horizon (auto: in the application when short)")
     ap.add_argument("--capacity", type=float, default=None,
                     help="closed-loop: one worker's records/s (default: calibrate)")
     args = ap.parse_args(argv)
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
             result = bench_replan(info.master_url, work, args.redis_url, keys[0], args.rate,
                                   args.reconfigs, args.steady, args.executor_memory,
-                                  schemes, args.nexmark, args.trigger_ms)
+                                  schemes, args.nexmark, args.trigger_ms, args.replay_in)
         else:
             result = {"benchmark": "scale", "sizes": [
                 bench_scale(info.master_url, work, args.redis_url, k, args.rate, args.groups,

@@ -72,6 +72,31 @@ class ReplanError(Exception):
 
 
 REPLAY_MARGIN_S = 5.0  # replayed beyond the state horizon (records' event-time jitter)
+# Where a seamless re-plan replays a dataflow pipeline's state horizon: in the run's
+# application (the new query starts at the replay's first record beside the old one,
+# Gloss' concurrent start, §6.1) or in a transfer process first (``reseed.py``).
+REPLAY_IN = ("auto", "application", "process")
+# ``auto`` replays in the application up to this many seconds of the source's schedule.
+# Measured (NEXMark Q5, 1,000 events/s, 1-s trigger, 2 cores): its replay (a 20-s
+# horizon and the margin: 25,000 events) took about 3 s in the run's application after a
+# stop; in a transfer process, which runs only on the CPU the run leaves, 230-270 s with
+# its JVM start, all of it inside the re-plan's measured window.
+REPLAY_IN_APPLICATION_MAX_S = 120.0
+
+
+def replays_in_process(spec: Any, start: int, replay_from: int, where: str = "auto"
+                       ) -> bool:
+    """Whether a seamless re-plan of a dataflow pipeline replays the records from
+    ``replay_from`` up to ``start`` in a transfer process (``where``: one of
+    ``REPLAY_IN``) rather than in the run's application."""
+    if where not in REPLAY_IN:
+        raise ReplanError(f"replay_in must be one of {', '.join(REPLAY_IN)}")
+    if where != "auto":
+        return where == "process"
+    import numpy as np
+
+    times = spec.schedule().emission_times(np.array([replay_from, start], dtype=np.int64))
+    return float(times[1] - times[0]) > REPLAY_IN_APPLICATION_MAX_S
 
 
 def replan_refusal(spec: Any) -> str | None:

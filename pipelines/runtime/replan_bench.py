@@ -38,8 +38,8 @@ BETWEEN_S = 30.0  # steady time between two re-plans (the next one's baseline)
 # From 8 key groups: up, down, up again; the same list for both schemes.
 TARGETS = (16, 8, 12, 4, 16, 6, 12, 8, 16, 8)
 FIELDS = ("scheme", "from", "to", "downtime_s", "disrupted_s", "overlap_s", "catch_up_s",
-          "transfer_s", "snapshot_rows", "snapshot_s", "worst_p95_ms", "bucket_s",
-          "verifier_ok")
+          "transfer_s", "state_built_in", "snapshot_rows", "snapshot_s", "worst_p95_ms",
+          "bucket_s", "verifier_ok")
 
 
 def log(message: str) -> None:
@@ -50,9 +50,11 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
                  reconfigs: int, steady: int, executor_memory: str,
                  schemes: list[str] | None = None,
                  nexmark: str | None = None,
-                 trigger_ms: int = REPLAN_TRIGGER_MS) -> dict[str, Any]:
+                 trigger_ms: int = REPLAN_TRIGGER_MS,
+                 replay_in: str = "auto") -> dict[str, Any]:
     """``nexmark``: a NEXMark query (e.g. ``Q5``) instead of the keyed count; its state
-    is rebuilt by replaying its state horizon (``replan.replay_start``)."""
+    is rebuilt by replaying its state horizon (``replan.replay_start``), by a seamless
+    re-plan where ``replay_in`` says (``replan.REPLAY_IN``)."""
     targets = [TARGETS[i % len(TARGETS)] for i in range(reconfigs)]
     if nexmark:
         from pipelines.nexmark import queries
@@ -81,7 +83,8 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
                            replan.BASELINE_S + 120, "a steady baseline")
             current = 8
             for i, groups in enumerate(targets, 1):
-                ack = run.command("replan", timeout_s=900, key_groups=groups, scheme=scheme)
+                ack = run.command("replan", timeout_s=900, key_groups=groups, scheme=scheme,
+                                  replay_in=replay_in)
                 if not ack["ok"]:
                     raise HarnessError(f"{scheme} re-plan {current} -> {groups} failed: "
                                        f"{ack['message']}")
@@ -120,6 +123,7 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
              if restart and "seamless" in summary else None)
     log(table(rows))
     return {"benchmark": "replan", "workload": workload, "trigger_ms": trigger_ms,
+            "replay_in": replay_in if nexmark else None,
             "keys": None if nexmark else keys, "rate": rate, "targets": targets,
             "reconfigurations": rows, "summary": summary,
             "disrupted_ratio_seamless_over_stop_restart": (round(ratio, 3)

@@ -337,6 +337,9 @@ class Runner:
         scheme = args.get("scheme") or "seamless"
         if scheme not in replan.SCHEMES:
             return False, f"scheme must be one of {', '.join(replan.SCHEMES)}", {}
+        replay_in = args.get("replay_in") or "auto"
+        if replay_in not in replan.REPLAY_IN:
+            return False, f"replay_in must be one of {', '.join(replan.REPLAY_IN)}", {}
         refusal = replan.replan_refusal(self.spec)
         if refusal:
             return False, refusal, {}
@@ -361,7 +364,7 @@ class Runner:
         # executors to the forwarding query (session.py, fairscheduler.xml).
         sc.setLocalProperty("spark.scheduler.pool", replan.POOL_CATCHING_UP)
         try:
-            facts = self._hand_over(old, new, new_spec, scheme, gdir)
+            facts = self._hand_over(old, new, new_spec, scheme, gdir, replay_in)
         except Exception as exc:
             self._abandon(new)
             if scheme == "stop-restart" or not (old.query and old.query.isActive):
@@ -396,7 +399,8 @@ class Runner:
         return True, message, summary
 
     def _hand_over(self, old: replan.Generation, new: replan.Generation,
-                   spec: definition.PipelineSpec, scheme: str, gdir: Path) -> dict[str, Any]:
+                   spec: definition.PipelineSpec, scheme: str, gdir: Path,
+                   replay_in: str = "auto") -> dict[str, Any]:
         from pipelines.runtime.query import Seed
 
         started = time.time()
@@ -427,8 +431,10 @@ class Runner:
                         replan.replay_ends(old.checkpoint, batch,
                                            self.arbiter.forwarded_end, new.start))
             rows = start - new.start
-            if scheme == "seamless":
+            if scheme == "seamless" and replan.replays_in_process(spec, start, new.start,
+                                                                  replay_in):
                 transfer = self._reseed(spec, old, batch, seed, new, gdir)
+            # Else the new query replays in this application, beside the old one.
         elif scheme == "seamless":
             seed = Seed(start, gdir / "snapshot", None)
             transfer = self._reseed(spec, old, batch, seed, new, gdir)
@@ -479,6 +485,9 @@ class Runner:
                 "snapshot_s": round(snapshot_s, 2), "start_offset": start,
                 "transfer_s": round(new_started - started, 2),
                 "replayed": spec.graph is not None,
+                # Where the new generation's state was built: a transfer process, or
+                # this application (a replay here, or stop-and-restart's snapshot).
+                "state_built_in": "process" if transfer else "application",
                 "seed_s": transfer.get("seed_s"),
                 # The transfer's time stopped while the forwarded query ran its batches.
                 "transfer_gated_s": transfer.get("gated_s"),
