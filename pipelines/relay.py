@@ -79,7 +79,9 @@ def describe(kind: str, e: dict[str, Any]) -> str:
         return (f"generation {e.get('generation')} ({e.get('key_groups')} key groups) "
                 f"forwards from output batch {e.get('epoch')}")
     if kind == RunnerEvent.REPLAN_DONE:
-        state = (f"state rebuilt from {e.get('snapshot_rows')} replayed records"
+        where = {"process": " in a transfer process",
+                 "application": " in the run's application"}.get(e.get("state_built_in"), "")
+        state = (f"state rebuilt from {e.get('snapshot_rows')} replayed records{where}"
                  if e.get("replayed") else
                  f"state {e.get('snapshot_rows')} keys read in {e.get('snapshot_s')} s")
         return (f"re-plan {e.get('from_groups')} → {e.get('to_groups')} key groups "

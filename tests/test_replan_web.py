@@ -93,6 +93,15 @@ def test_replan_events_read_well_and_change_the_runs_key_groups(local_operator) 
                             "4.5 s, overlap 7.2 s, catch-up 7.2 s, state 608582 keys read in "
                             "3.1 s, worst p95 2400.0 ms")
     assert done.payload["overlap_to"] - done.payload["overlap_from"] == pytest.approx(7.2)
+    # A dataflow pipeline's state is replayed; the message says where.
+    apply_runner_event(run.pk, "4-0", {
+        "type": "replan_done", "scheme": "seamless", "generation": 2, "from_groups": 16,
+        "to_groups": 8, "downtime_s": 0.0, "disrupted_s": 1.0, "overlap_s": 5.0,
+        "catch_up_s": 5.0, "snapshot_rows": 25000, "replayed": True,
+        "state_built_in": "application", "worst_p95_ms": 1800.0})
+    replayed = run.events.filter(kind="runner:replan_done").order_by("-at", "-pk").first()
+    assert "state rebuilt from 25000 replayed records in the run's application" in (
+        replayed.message)
 
 
 @pytest.mark.django_db
