@@ -524,7 +524,8 @@ class Runner:
         # Gated (a triggered pipeline), it runs only between the run's batches: on every
         # core of this machine. Ungated, on one at idle priority beside the run's query.
         cores = (os.cpu_count() or 1) if self.spec.trigger_ms > 0 else 1
-        job = {"spec": spec.raw, "cores": cores, "t0": self.t0, "plan_dir": str(self.run_dir / "source-plan"),
+        job = {"spec": spec.raw, "cores": cores, "t0": self.t0,
+               "plan_dir": str(self.run_dir / "source-plan"),
                "old_checkpoint": str(old.checkpoint), "batch": batch, "start": seed.start,
                "first_ends": list(seed.first_ends),
                "snapshot": str(seed.snapshot) if seed.snapshot else None,
