@@ -25,10 +25,9 @@ state horizon (``replan.replay_start``) in its first batches, ending at ``first_
 
 JOB keys: spec (the definition), cores (its local Spark's; default 1), t0, plan_dir,
 old_checkpoint, batch, start (the first record the new generation reads), first_ends (a
-replay's), key (the key field), agg,
-window (true for an HFT window), snapshot (none for a replay), checkpoint, result (a
-JSON file written at the end: rows (of the snapshot; none for a replay), snapshot_s,
-seed_s, end, batches).
+replay's), key (the key field), agg, window (true for an HFT window), snapshot (none for
+a replay), checkpoint, result (a JSON file written at the end: rows (of the snapshot;
+none for a replay), snapshot_s, seed_s, end, batches).
 """
 from __future__ import annotations
 
