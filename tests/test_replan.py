@@ -440,19 +440,3 @@ def test_a_short_replay_runs_in_the_application_and_a_long_one_in_a_process() ->
     assert not replan.replays_in_process(q3, start, 0, "application")
     with pytest.raises(replan.ReplanError, match="replay_in must be one of"):
         replan.replays_in_process(q5, start, 400_000, "elsewhere")
-
-
-def test_a_seamless_replay_ends_where_each_of_the_old_querys_batches_ended(
-        tmp_path: Path) -> None:
-    offsets = tmp_path / "offsets"
-    offsets.mkdir()
-    for batch in range(3, 10):  # 0-2 purged from the offset log
-        (offsets / str(batch)).write_text(f'v1\n{{}}\n{{"offset": {100 * (batch + 1)}}}\n')
-    # After a stop: the last two batches' ends only (and what was forwarded beyond).
-    assert replan.replay_ends(tmp_path, 9, None, 250) == (900, 1000)
-    assert replan.replay_ends(tmp_path, 9, 1100, 250) == (900, 1000, 1100)
-    # Seamless: every end after the replay's first record the log still holds.
-    assert replan.replay_ends(tmp_path, 9, None, 650, every_batch=True) == (
-        700, 800, 900, 1000)
-    assert replan.replay_ends(tmp_path, 9, None, 250, every_batch=True) == (
-        400, 500, 600, 700, 800, 900, 1000)

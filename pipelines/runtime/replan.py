@@ -131,29 +131,14 @@ def replay_start(spec: Any, start: int, t0: float) -> int:
 
 
 def replay_ends(checkpoint: Path, batch: int, forwarded_end: int | None,
-                replay_from: int, every_batch: bool = False) -> tuple[int, ...]:
+                replay_from: int) -> tuple[int, ...]:
     """Where a replay's first batches end: at the old generation's batch before its last
     committed one (``batch``), at that batch's end, and at the end of what it forwarded
     if that is further (stop-and-restart after an uncommitted batch). Its batches then
     end where the old one's did, so at the hand-over both have the same watermark and
-    have emitted the same windows: a watermark's output depends on the batch before.
-
-    ``every_batch`` (a seamless re-plan whose replay runs beside the old query): at
-    every end of the old generation's batches after ``replay_from`` its offset log still
-    holds. The replay then runs as the old query's small batches, whose short tasks leave
-    an executor slot to the forwarding query every few hundred ms (one large batch held
-    both slots for seconds: NEXMark Q5's old query's batches waited), and it meets the
-    old query's watermarks batch by batch. After a stop one batch is fastest: nothing
-    runs beside it."""
+    have emitted the same windows: a watermark's output depends on the batch before."""
     ends = [batch_end(checkpoint, batch - 1)] if batch > 0 else []
     ends.append(batch_end(checkpoint, batch))
-    earlier = batch - 2
-    while every_batch and earlier >= 0 and (checkpoint / "offsets" / str(earlier)).exists():
-        end = batch_end(checkpoint, earlier)
-        if end <= replay_from:
-            break
-        ends.append(end)
-        earlier -= 1
     if forwarded_end is not None:
         ends.append(forwarded_end)
     return tuple(sorted({e for e in ends if e > replay_from}))

@@ -427,17 +427,14 @@ class Runner:
         if spec.graph is not None:
             # No snapshot: the new generation replays the records its state depends on.
             new.start = replan.replay_start(spec, start, self.t0)
-            in_process = scheme == "seamless" and replan.replays_in_process(
-                spec, start, new.start, replay_in)
-            # Beside the old query here: in its small batches (replan.replay_ends).
-            beside = scheme == "seamless" and not in_process
             seed = Seed(new.start, None, None,
                         replan.replay_ends(old.checkpoint, batch,
-                                           self.arbiter.forwarded_end, new.start,
-                                           every_batch=beside))
+                                           self.arbiter.forwarded_end, new.start))
             rows = start - new.start
-            if in_process:
+            if scheme == "seamless" and replan.replays_in_process(spec, start, new.start,
+                                                                  replay_in):
                 transfer = self._reseed(spec, old, batch, seed, new, gdir)
+            # Else the new query replays in this application, beside the old one.
         elif scheme == "seamless":
             seed = Seed(start, gdir / "snapshot", None)
             transfer = self._reseed(spec, old, batch, seed, new, gdir)
