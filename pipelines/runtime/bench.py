@@ -41,7 +41,8 @@ from typing import Any
 
 from control.strategies.mpc import Config
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import calibration, cluster, definition, elastic, power, verify
+from pipelines.runtime import (calibration, cluster, definition, elastic, power, replan,
+                               verify)
 from pipelines.runtime.harness import HarnessError, RunnerProcess, keyed_count, wait_steady
 from pipelines.runtime.reconfigure import MIGRATION_TIMEOUT_S
 from pipelines.runtime.replan_bench import REPLAN_TRIGGER_MS
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trigger-ms", type=int, default=REPLAN_TRIGGER_MS,
                     help="replan: the pipeline's processing-time trigger (default: "
                          f"{REPLAN_TRIGGER_MS} ms; 0: each batch as soon as the last ends)")
-    ap.add_argument("--replay-in", default="auto", choices=["auto", "application", "process"],
+    ap.add_argument("--replay-in", default="auto", choices=replan.REPLAY_IN,
                     help="replan --nexmark: where a seamless re-plan replays the query's "
                          "state horizon (auto: in the application when short)")
     ap.add_argument("--capacity", type=float, default=None,
@@ -321,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--schemes: seamless and/or stop-restart")
         if args.nexmark:
             from pipelines.nexmark import queries
-            from pipelines.runtime import definition, replan
 
             if args.nexmark.upper() not in queries.QUERIES:
                 raise ValueError(f"--nexmark: one of {', '.join(queries.QUERIES)}")

@@ -521,9 +521,9 @@ class Runner:
 
         from pipelines.runtime import reseed
 
-        # Gated (a triggered pipeline), it runs only between the run's batches: on every
-        # core of this machine. Ungated, on one at idle priority beside the run's query.
-        cores = (os.cpu_count() or 1) if self.spec.trigger_ms > 0 else 1
+        # Gated, it runs only between the run's batches: on every core of this machine.
+        # Ungated, on one at idle priority beside the run's query.
+        cores = (os.cpu_count() or 1) if self._gates_transfer() else 1
         job = {"spec": spec.raw, "cores": cores, "t0": self.t0,
                "plan_dir": str(self.run_dir / "source-plan"),
                "old_checkpoint": str(old.checkpoint), "batch": batch, "start": seed.start,
@@ -547,6 +547,12 @@ class Runner:
             shutil.rmtree(seed.snapshot, ignore_errors=True)
         return self._reseed_once(gdir, old, reseed.LOW)
 
+    def _gates_transfer(self) -> bool:
+        """Whether a state transfer runs only between the forwarded query's batches
+        (``reseed.TransferGate``): on a processing-time trigger, which leaves idle time
+        between them; back-to-back batches leave none."""
+        return self.spec.trigger_ms > 0
+
     def _reseed_once(self, gdir: Path, old: replan.Generation,
                      priority: str) -> dict[str, Any]:
         import subprocess
@@ -565,7 +571,7 @@ class Runner:
         deadline = time.monotonic() + replan.CATCH_UP_TIMEOUT_S
         watch = reseed.StarvationWatch(proc.pid) if priority == reseed.IDLE else None
         # Its own session: the process group is the transfer's (its JVM, Python workers).
-        gate = reseed.TransferGate(proc.pid) if self.spec.trigger_ms > 0 else None
+        gate = reseed.TransferGate(proc.pid) if self._gates_transfer() else None
         self.transfer_gate = gate
         try:
             while proc.poll() is None:
