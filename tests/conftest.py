@@ -5,16 +5,17 @@ Run the suite with `make test` (it sets REDIS_URL to a test Redis DB, STREAMWISE
 to var/test and DATABASE_URL for PostgreSQL, then SQLite)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -41,6 +42,29 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+T = TypeVar("T")
+
+
+def run_async(scenario: Awaitable[T], timeout: float = 60) -> T:
+    """Run a test's async scenario (a WebSocket client, a relay step) to its end.
+
+    Not ``asyncio.run``: there, every ``database_sync_to_async`` call goes to one thread
+    that asgiref shares across the whole process, and cancelling a scenario waits for that
+    thread; a scenario left blocked there once hung the next test until pytest's 600-s
+    timeout. ``async_to_sync`` runs those calls on this test's own thread instead. The
+    channel layer is made afresh on the new loop (channels_redis keeps per-loop receive
+    state), and ``timeout`` ends a scenario that waits for something that never comes."""
+    from asgiref.sync import async_to_sync
+    from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
+
+    channel_layers.backends.pop(DEFAULT_CHANNEL_LAYER, None)
+
+    async def bounded() -> T:
+        return await asyncio.wait_for(scenario, timeout)
+
+    return async_to_sync(bounded)()
 
 
 def free_port() -> int:

@@ -201,6 +201,21 @@ def _replan_from_page(browser, groups: int, scheme: str, overlaps: int) -> None:
         and len(d.execute_script("return window.__streamwise.overlaps") or []) >= overlaps)
 
 
+def _verdict(run_id: int) -> dict | None:
+    """The run's stored exactly-once verification once the check has ended."""
+    from pipelines.models import Run
+
+    doc = Run.objects.get(pk=run_id).verification or {}
+    return doc if doc.get("state") in ("done", "error") else None
+
+
+def _log_tail(stack, name: str, lines: int = 15) -> str:
+    path = Path(stack.logs) / f"{name}.log"
+    if not path.exists():
+        return f"no {path.name}"
+    return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
 @pytest.mark.django_db(transaction=True)
 def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
         live_stack, operator, browser) -> None:
@@ -246,12 +261,22 @@ def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
                       ignored_exceptions=(StaleElementReferenceException,)).until(
             lambda d: "exactly-once check" in " ".join(
                 e.text for e in d.find_elements(By.CSS_SELECTOR, ".flash")))
-        WebDriverWait(browser, 300, poll_frequency=1,
+        # The check's verdict in the database first, so that a check that never ends
+        # (or ends in "not checkable") fails here with what it stored and what the Lab
+        # worker, which runs it, logged; then the page's badge, which a push updates.
+        try:
+            verification = wait_for(lambda: _verdict(run.pk), 300, "the exactly-once check")
+        except pytest.fail.Exception:
+            pytest.fail(f"the exactly-once check did not end in 300 s: it stored "
+                        f"{Run.objects.get(pk=run.pk).verification}; the lab worker logged: "
+                        f"{_log_tail(live_stack, 'lab-worker')}")
+        assert verification.get("state") == "done" and verification.get("ok"), verification
+        WebDriverWait(browser, 30, poll_frequency=0.5,
                       ignored_exceptions=(StaleElementReferenceException,
                                           NoSuchElementException)).until(
             lambda d: d.find_element(By.ID, "run-verification").text.startswith(("OK",
                                                                                 "FAILED")))
         badge = browser.find_element(By.ID, "run-verification").text
-        assert badge.startswith("OK"), Run.objects.get(pk=run.pk).verification
+        assert badge.startswith("OK"), verification
     finally:
         stop_and_wait(run.pk, operator)

@@ -3,7 +3,6 @@ ignores SIGTERM, a pid that is some other runner's. The relay's database error i
 one fault injected (a store that raises once)."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from tests.conftest import free_port, make_pipeline_and_policy, run_status, wait_for
+from tests.conftest import free_port, make_pipeline_and_policy, run_async, run_status, wait_for
 
 pytestmark = pytest.mark.faults
 
@@ -356,7 +355,7 @@ def test_the_relay_follows_the_databases_active_runs_when_redis_forgot_them(
         async def relay_once() -> None:
             await Relay().step(block_ms=2000)
 
-        asyncio.run(relay_once())
+        run_async(relay_once())
         assert sorted(run.samples.values_list("batch_id", flat=True)) == [0, 1, 2]
     finally:
         run_bus.reset()
@@ -409,7 +408,7 @@ def test_the_relay_reads_again_what_it_could_not_store_and_pushes_it_once(
                 del relay.layer.group_send  # the process's shared layer, as it was
             return pushed
 
-        pushed = asyncio.run(scenario())
+        pushed = run_async(scenario())
         assert failures == [2]
         assert sorted(run.samples.values_list("batch_id", flat=True)) == [0, 1, 2]
         batches = [s["batch_id"] for message in pushed for s in message["samples"]]

@@ -2,7 +2,6 @@
 Redis channel layer, and the Celery tasks on a real worker."""
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import time
@@ -12,7 +11,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
 
-from tests.conftest import make_pipeline_and_policy, wait_for
+from tests.conftest import make_pipeline_and_policy, run_async, wait_for
 
 
 def _session_cookie(user) -> bytes:
@@ -75,7 +74,7 @@ def test_websocket_receives_metrics_pushed_by_the_relay(operator) -> None:
         await comm.disconnect()
         return snapshot, metrics, status, received
 
-    snapshot, metrics, status, received = asyncio.run(scenario())
+    snapshot, metrics, status, received = run_async(scenario())
     assert snapshot["kind"] == "snapshot" and snapshot["run"]["status"] == "running"
     assert metrics["kind"] == "metrics"
     sample = metrics["samples"][0]
@@ -100,7 +99,7 @@ def test_websocket_refuses_anonymous_and_unknown_runs(operator) -> None:
         return ok_anon, code_anon, ok_missing, code_missing
 
     _cookie = _session_cookie(operator)
-    ok_anon, code_anon, ok_missing, code_missing = asyncio.run(scenario())
+    ok_anon, code_anon, ok_missing, code_missing = run_async(scenario())
     assert (ok_anon, code_anon) == (False, 4401)
     assert (ok_missing, code_missing) == (False, 4404)
 
@@ -160,7 +159,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
     run_bus.mark_live()
     # A snapshot with something in each list: a stored sample, an event, a decision.
     _runner_records(run_bus, 0, 6)
-    asyncio.run(Relay().step(block_ms=2000))
+    run_async(Relay().step(block_ms=2000))
     assert loop.tick(run) is not None
     actions.record_event(run, EventKind.ALERT, "test", "an event before the page opened")
 
@@ -183,7 +182,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
         await comm.disconnect()
         return received
 
-    received = asyncio.run(scenario())
+    received = run_async(scenario())
     snapshot = received[0]
     assert snapshot["samples"] and snapshot["events"] and snapshot["decisions"]
     assert snapshot["samples"][-1]["groups"]["placement"] == ["1"] * 4
@@ -290,7 +289,7 @@ def test_the_relay_forgets_a_live_bus_key_whose_run_the_database_does_not_hold(o
         async def relay_once() -> None:
             await Relay().step(block_ms=500)
 
-        asyncio.run(relay_once())
+        run_async(relay_once())
         live = client.smembers(busmod.LIVE_SET)
         assert stale.key not in live and wrong_token.key not in live
         assert Run.objects.get(pk=run.pk).status == "stopped"

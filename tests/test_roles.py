@@ -3,7 +3,6 @@ the permission matrix over every view, POST endpoint and the run WebSocket; audi
 entries for each kind of change, append-only; django-axes lockout."""
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 from typing import Any
@@ -13,7 +12,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group, Permission, User
 from django.test import Client
 
-from tests.conftest import make_pipeline_and_policy
+from tests.conftest import make_pipeline_and_policy, run_async
 
 ROLES = ("viewer", "operator", "admin")
 WHO = ("anonymous", "none", *ROLES)  # "none": logged in, in no role
@@ -143,7 +142,7 @@ def test_the_run_websocket_admits_the_roles_that_watch_and_refuses_the_others() 
         return connected, first
 
     for who in WHO:
-        connected, first = asyncio.run(connect(cookie(who)))
+        connected, first = run_async(connect(cookie(who)))
         if who in ROLES:
             assert connected and first["kind"] == "snapshot", who
         else:

@@ -39,12 +39,17 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=4403)  # logged in, but in no role that may watch runs
             return
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        # Join the group before reading the snapshot: a change committed between the
+        # read and the join would otherwise reach this client neither way (CI once saw
+        # the exactly-once badge stay at "checking" after its final push). A push that
+        # the snapshot already holds then arrives again after it; the page drops repeated
+        # samples and events, and a repeated status is followed by any newer one.
+        self.group = actions.group_name(self.run_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
         snapshot = await _snapshot(self.run_id)
         if snapshot is None:
             await self.close(code=4404)
             return
-        self.group = actions.group_name(self.run_id)
-        await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
         await self.send_json(snapshot)
 

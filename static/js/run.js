@@ -253,6 +253,7 @@
   }
 
   const seenDecisions = new Map();  // step -> row, so an outcome update replaces it
+  const seenEvents = new Set();  // event ids drawn since the last snapshot
   let previousPrediction = null;
   function fmt(v, digits) {
     return v === null || v === undefined ? "—" : Number(v).toFixed(digits);
@@ -361,6 +362,11 @@
   }
 
   function addEvent(e) {
+    // A push that the snapshot already held arrives again after it.
+    if (e.id !== undefined) {
+      if (seenEvents.has(e.id)) return;
+      seenEvents.add(e.id);
+    }
     if (STAGE_OF[e.kind]) markStage(STAGE_OF[e.kind], Date.parse(e.at) / 1000);
     const tbody = document.querySelector("#events tbody");
     const tr = document.createElement("tr");
@@ -423,6 +429,7 @@
       if (data.kind === "snapshot") {
         setStatus(data.run);
         document.querySelector("#events tbody").innerHTML = "";
+        seenEvents.clear();
         data.events.forEach(addEvent);
         (data.decisions || []).forEach(addDecision);
         addSamples(data.samples, false);
