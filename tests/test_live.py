@@ -88,6 +88,47 @@ def test_websocket_receives_metrics_pushed_by_the_relay(operator) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_change_pushed_while_the_snapshot_is_read_reaches_the_page(
+        operator, monkeypatch) -> None:
+    """The consumer joins the run's group before it reads the snapshot: a change that
+    commits just after the read (and is pushed at once) still reaches the client."""
+    from channels.db import database_sync_to_async
+
+    from pipelines import actions
+    from pipelines.models import Run
+    from webapp import consumers
+
+    run = _new_run(operator)
+    read_snapshot = consumers._snapshot
+
+    def stop_the_run(run_id: int) -> None:
+        Run.objects.filter(pk=run_id).update(status="stopping")
+        actions.push(run_id, {"type": "run.status",
+                              "run": actions.run_state(Run.objects.get(pk=run_id))})
+
+    async def snapshot_then_a_change(run_id: int):
+        snapshot = await read_snapshot(run_id)
+        await database_sync_to_async(stop_the_run)(run_id)
+        return snapshot
+
+    monkeypatch.setattr(consumers, "_snapshot", snapshot_then_a_change)
+    cookie = _session_cookie(operator)
+
+    async def scenario() -> tuple[dict, dict]:
+        comm = await _connect(f"/ws/runs/{run.pk}/", cookie)
+        connected, _ = await comm.connect(timeout=10)
+        assert connected
+        snapshot = await comm.receive_json_from(timeout=10)
+        pushed = await comm.receive_json_from(timeout=10)
+        await comm.disconnect()
+        return snapshot, pushed
+
+    snapshot, pushed = run_async(scenario())
+    assert snapshot["run"]["status"] == "running"
+    assert pushed["kind"] == "status" and pushed["run"]["status"] == "stopping"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_websocket_refuses_anonymous_and_unknown_runs(operator) -> None:
     run = _new_run(operator)
 
