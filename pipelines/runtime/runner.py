@@ -464,11 +464,8 @@ class Runner:
         # a dataflow generation takes over only after a batch aligned with the old one's.
         self.arbiter.propose(new, aligned=spec.graph is not None)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
-        # A replay here starts right after an old commit. A generation seeded by a
-        # transfer process starts at once: that path's measurements (the keyed count)
-        # were taken so, and the aligned start has not been measured on it.
-        replays_here = scheme == "seamless" and spec.graph is not None and not transfer
-        self._start_generation(new, spec, seed, after=old if replays_here else None)
+        self._start_generation(new, spec, seed,
+                               after=old if scheme == "seamless" else None)
         new_started = time.time()
         deadline = new_started + replan.CATCH_UP_TIMEOUT_S
         while not self.arbiter.switched.wait(0.2):
