@@ -140,17 +140,6 @@ def test_a_generation_is_stopped_only_once_its_forwarded_batches_are_written(
     assert arbiter.claim(old, 2) is None
 
 
-def test_a_new_generation_waits_for_the_old_ones_next_commit_not_a_past_one(
-        tmp_path: Path) -> None:
-    old = replan.Generation(0, 8, tmp_path / "checkpoint")
-    old.committed.set()  # a commit before the re-plan does not count
-    assert not old.wait_next_commit(0.1)
-    threading.Timer(0.2, old.committed.set).start()
-    started = time.monotonic()
-    assert old.wait_next_commit(5)
-    assert time.monotonic() - started >= 0.18
-
-
 def test_the_old_generations_wait_for_a_slow_candidate_lapses_without_a_gap(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(replan, "HANDOVER_WAIT_S", 0.2)
@@ -188,23 +177,6 @@ def _reader(plan_dir: Path, start: int = 0, max_rows: int = 1000) -> GeneratorSt
     doc["max_records_per_batch"] = max_rows
     spec = definition.validate(doc)
     return GeneratorStreamReader(source_options(spec, time.time() - 3600, plan_dir, start))
-
-
-def test_a_replay_batch_is_read_in_short_tasks_and_a_normal_batch_is_not() -> None:
-    from pipelines.runtime import source
-
-    doc = json.loads(json.dumps(definition.DEMO_DEFINITION))
-    spec = definition.validate(doc)
-    rows = 4 * source.REPLAY_TASK_ROWS + 7
-    reader = GeneratorStreamReader(source_options(spec, time.time() - 3600, None, 1000,
-                                                  first_ends=(1000 + rows, 1000 + rows + 50)))
-    parts = reader.partitions({"offset": 1000}, {"offset": 1000 + rows})
-    assert len(parts) == 5 and max(p.end - p.start for p in parts) <= source.REPLAY_TASK_ROWS
-    assert [(parts[0].start, parts[-1].end)] == [(1000, 1000 + rows)]
-    assert all(a.end == b.start for a, b in zip(parts, parts[1:]))
-    # Past the replay, the pipeline's own partition count.
-    after = reader.partitions({"offset": 1000 + rows + 50}, {"offset": 1000 + 2 * rows})
-    assert len(after) == spec.partitions
 
 
 def test_a_generation_behind_covers_planned_batches_and_ends_on_their_boundaries(

@@ -189,21 +189,7 @@ class Generation:
     adopted: bool = False  # the runner's placement and metrics act on it
     pause_s: float = 0.0  # the throttle: a pause after each of its batches
     batch_s: float = 0.0  # its last batch's duration (for the throttle)
-    # Set as each of its forwarded batches commits: a new generation starts right after
-    # one (``wait_next_commit``).
-    committed: threading.Event = field(default_factory=threading.Event, repr=False)
     _ends: dict[int, int] = field(default_factory=dict)
-
-    def wait_next_commit(self, timeout_s: float) -> bool:
-        """Wait until this generation commits its next batch (True), or time out.
-
-        On a processing-time trigger both queries of a re-plan fire at the same instants
-        (Spark aligns a trigger to multiples of its interval), and a new query's first
-        batch runs at once: started right after the old one's commit, that batch (the
-        replay, or the load of the seeded state) has the rest of the interval to itself
-        instead of sharing the executors with a batch whose output the run waits for."""
-        self.committed.clear()
-        return self.committed.wait(timeout_s)
 
     def batch_range(self, batch: int) -> tuple[int, int]:
         """The source records ``[start, end)`` batch ``batch`` read (its offset log is

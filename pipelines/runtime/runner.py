@@ -276,11 +276,8 @@ class Runner:
                                frequencies=list(self.reconfig.actuator.frequencies()))
 
     def _start_generation(self, gen: replan.Generation, spec: definition.PipelineSpec,
-                          seed: Any = None, after: replan.Generation | None = None
-                          ) -> None:
-        """Start ``gen``'s query: its sink forwards what the arbiter lets through.
-        ``after``: start it right after that generation's next commit
-        (``Generation.wait_next_commit``), once its stream is built."""
+                          seed: Any = None) -> None:
+        """Start ``gen``'s query: its sink forwards what the arbiter lets through."""
         from pipelines.runtime.query import LatencySink, build_stream
 
         def claim(batch_id: int) -> int | None:
@@ -297,7 +294,6 @@ class Runner:
 
         def on_commit(commit: Any) -> None:
             gen.batch_s = commit.committed_at - commit.started_at
-            gen.committed.set()
             self.arbiter.written(gen, commit.batch_id)
             gate = self.transfer_gate
             if gate is not None and gen.number == self.arbiter.active:
@@ -331,11 +327,6 @@ class Runner:
                              else f"run_{self.cfg.run_id}_gen_{gen.number}"))
         if spec.trigger_ms:
             writer = writer.trigger(processingTime=f"{spec.trigger_ms} milliseconds")
-        if after is not None and spec.trigger_ms:
-            # At most a trigger interval and the old batch's duration away (throttled,
-            # it pauses after each batch for up to THROTTLE_PERIOD_CAP_S).
-            after.wait_next_commit(2 * spec.trigger_ms / 1000.0 + after.batch_s
-                                   + replan.THROTTLE_PERIOD_CAP_S)
         gen.query = writer.start()
         self.metrics.generation_of[str(gen.query.runId)] = gen.number
 
@@ -464,8 +455,7 @@ class Runner:
         # a dataflow generation takes over only after a batch aligned with the old one's.
         self.arbiter.propose(new, aligned=spec.graph is not None)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
-        self._start_generation(new, spec, seed,
-                               after=old if scheme == "seamless" else None)
+        self._start_generation(new, spec, seed)
         new_started = time.time()
         deadline = new_started + replan.CATCH_UP_TIMEOUT_S
         while not self.arbiter.switched.wait(0.2):

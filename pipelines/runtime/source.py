@@ -65,13 +65,6 @@ ARROW_SCHEMA = pa.schema([pa.field("seq", pa.int64(), nullable=False),
                           pa.field("value", pa.float64(), nullable=False),
                           pa.field("emit_ts", pa.float64(), nullable=False)])
 CHUNK_ROWS = 65_536  # Arrow batch size yielded by read(): bounded memory per task
-# A replay batch (``first_ends``) is read in tasks of at most this many records. It runs
-# beside the batches of the query whose output the run forwards, which get a free
-# executor slot first (fairscheduler.xml) but take none from a running task: short tasks
-# keep their wait short. Measured (NEXMark Q5 generator, 2 cores): 2,500 events take
-# about 0.25 s to generate, a 12,500-event task of a 25,000-event replay over two
-# partitions about 0.45 s before Spark's own per-record work.
-REPLAY_TASK_ROWS = 2_500
 # How long a planned batch end stays in plan_dir: longer than any re-plan's overlap
 # (replan.CATCH_UP_TIMEOUT_S), so the generation behind still reads the agreed ends.
 PLAN_KEEP_S = 900.0
@@ -194,8 +187,6 @@ class GeneratorStreamReader(DataSourceStreamReader):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         lo, hi = int(start["offset"]), int(end["offset"])
         n = max(1, min(self.partitions_n, hi - lo))
-        if self.first_ends and hi <= self.first_ends[-1]:
-            n = max(n, -(-(hi - lo) // REPLAY_TASK_ROWS))
         bounds = [lo + (hi - lo) * k // n for k in range(n + 1)]
         return [RangePartition(a, b) for a, b in zip(bounds, bounds[1:])]
 
