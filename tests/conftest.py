@@ -52,8 +52,9 @@ def run_async(scenario: Awaitable[T], timeout: float = 60) -> T:
 
     Not ``asyncio.run``: there, every ``database_sync_to_async`` call goes to one thread
     that asgiref shares across the whole process, and cancelling a scenario waits for that
-    thread; a scenario left blocked there once hung the next test until pytest's 600-s
-    timeout. ``async_to_sync`` runs those calls on this test's own thread instead. The
+    thread, so one call blocked there hangs the next test until pytest's 600-s timeout
+    (CI once hung so, cancelling a scenario). ``async_to_sync`` runs those calls on this
+    test's own thread instead. The
     channel layer is made afresh on the new loop (channels_redis keeps per-loop receive
     state), and ``timeout`` ends a scenario that waits for something that never comes."""
     from asgiref.sync import async_to_sync

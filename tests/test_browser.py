@@ -209,13 +209,6 @@ def _verdict(run_id: int) -> dict | None:
     return doc if doc.get("state") in ("done", "error") else None
 
 
-def _log_tail(stack, name: str, lines: int = 15) -> str:
-    path = Path(stack.logs) / f"{name}.log"
-    if not path.exists():
-        return f"no {path.name}"
-    return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
 @pytest.mark.django_db(transaction=True)
 def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
         live_stack, operator, browser) -> None:
@@ -223,7 +216,7 @@ def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
     (stop and restart) from its page, see both spans shaded on the charts, and the
     exactly-once check of the whole run say OK."""
     from control.models import Policy
-    from pipelines import actions
+    from pipelines import actions, launch
     from pipelines.models import Pipeline, Run
     from tests.conftest import wait_for
 
@@ -267,9 +260,10 @@ def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
         try:
             verification = wait_for(lambda: _verdict(run.pk), 300, "the exactly-once check")
         except pytest.fail.Exception:
+            lab_log = launch.tail(Path(live_stack.logs) / "lab-worker.log", 15)
             pytest.fail(f"the exactly-once check did not end in 300 s: it stored "
-                        f"{Run.objects.get(pk=run.pk).verification}; the lab worker logged: "
-                        f"{_log_tail(live_stack, 'lab-worker')}")
+                        f"{Run.objects.get(pk=run.pk).verification}; the lab worker "
+                        f"logged:\n{lab_log}")
         assert verification.get("state") == "done" and verification.get("ok"), verification
         WebDriverWait(browser, 30, poll_frequency=0.5,
                       ignored_exceptions=(StaleElementReferenceException,

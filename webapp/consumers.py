@@ -40,8 +40,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             return
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         # Join the group before reading the snapshot: a change committed between the
-        # read and the join would otherwise reach this client neither way (CI once saw
-        # the exactly-once badge stay at "checking" after its final push). A push that
+        # read and the join would otherwise reach this client neither way (a verdict
+        # pushed then leaves the exactly-once badge at "checking"). A push that
         # the snapshot already holds then arrives again after it; the page drops repeated
         # samples and events, and a repeated status is followed by any newer one.
         self.group = actions.group_name(self.run_id)
