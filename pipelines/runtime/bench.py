@@ -295,9 +295,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="replan: a NEXMark query (e.g. Q5) instead of the keyed count")
     ap.add_argument("--schemes", default=",".join(("seamless", "stop-restart")),
                     help="replan: comma-separated schemes (seamless, stop-restart)")
-    ap.add_argument("--trigger-ms", type=int, default=REPLAN_TRIGGER_MS,
-                    help="replan: the pipeline's processing-time trigger (default: "
-                         f"{REPLAN_TRIGGER_MS} ms; 0: each batch as soon as the last ends)")
+    ap.add_argument("--trigger-ms", default="auto",
+                    help="replan: the pipeline's processing-time trigger in ms (0: each "
+                         "batch as soon as the last ends; default auto: from "
+                         f"{REPLAN_TRIGGER_MS} ms, lengthened until the heaviest "
+                         "configuration is busy at most 70 %% of it, measured)")
     ap.add_argument("--replay-in", default="auto", choices=replan.REPLAY_IN,
                     help="replan --nexmark: where a seamless re-plan replays the query's "
                          "state horizon (auto: in the application when short)")
@@ -315,8 +317,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"strategies must be among {', '.join(LOOP_STRATEGIES)}")
         if args.reconfigs < 1:
             raise ValueError("--reconfigs must be >= 1")
-        if args.trigger_ms < 0:
-            raise ValueError("--trigger-ms must be >= 0")
+        if args.trigger_ms == "auto":
+            args.trigger_ms = None
+        elif not args.trigger_ms.isdigit():
+            raise ValueError("--trigger-ms: auto or a whole number of milliseconds >= 0")
+        else:
+            args.trigger_ms = int(args.trigger_ms)
         schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
         if not schemes or set(schemes) - {"seamless", "stop-restart"}:
             raise ValueError("--schemes: seamless and/or stop-restart")

@@ -167,7 +167,10 @@ def keyed_count(keys: int, rate: float, groups: int, burst_records: int,
 
 
 def wait_steady(run: RunnerProcess, rate: float, batches: int, timeout_s: float = 600) -> None:
-    """Wait out the burst: until a batch reads no more than ~3 s of input at ``rate``."""
-    run.wait_until(lambda: run.metrics and run.metrics[-1]["input_rows"] <= rate * 3,
+    """Wait out the burst: until a batch reads no more than ~3 s of input at ``rate``
+    (or 1.5 triggers' worth, on a processing-time trigger longer than 2 s)."""
+    trigger_s = float(run.config["definition"].get("trigger_ms") or 0) / 1000
+    most = rate * max(3.0, 1.5 * trigger_s)
+    run.wait_until(lambda: run.metrics and run.metrics[-1]["input_rows"] <= most,
                    timeout_s, "the burst backlog to clear")
     run.wait_batches(batches)

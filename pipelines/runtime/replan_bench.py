@@ -15,6 +15,7 @@ replaying the records of the query's state horizon.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -36,6 +37,19 @@ from pipelines.runtime.harness import HarnessError, RunnerProcess, keyed_count, 
 # pipeline; each re-plan reports the old configuration's measured busy share
 # (``baseline_busy_share``); --trigger-ms sets another trigger, --rate another load.
 REPLAN_TRIGGER_MS = 2000
+# ``trigger_ms=None`` calibrates the trigger first (:func:`calibrate_trigger`): the
+# heaviest configuration of the target list is run alone, and the trigger is lengthened
+# until its median batch takes at most ``BUSY_MAX`` of it. Measured on the same 2 cores
+# on a slower day (NEXMark Q5, 1,000 events/s): a batch's cost is nearly all per key
+# group (62-137 ms per state-store task, 4.0 s for 2,302 records at 12 key groups), and
+# the 8-group configuration took 2.0-2.8 s per batch at 1,000 events/s and 2.5-3.0 s at
+# 500: over a 2-s trigger at any rate. An overloaded old configuration has no slack to
+# share with a new one, so every seamless re-plan was disrupted for as long as it
+# overlapped (Gloss loads the old configuration to ~70 %, §9.1).
+BUSY_MAX = 0.7
+BUSY_AIM = 0.6  # a lengthened trigger aims here (a batch's cost grows with its input)
+CALIBRATION_TRIES = 4
+CALIBRATION_BATCHES = 8
 BETWEEN_S = 30.0  # steady time between two re-plans (the next one's baseline)
 # From 8 key groups: up, down, up again; the same list for both schemes.
 TARGETS = (16, 8, 12, 4, 16, 6, 12, 8, 16, 8)
@@ -52,7 +66,7 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
                  reconfigs: int, steady: int, executor_memory: str,
                  schemes: list[str] | None = None,
                  nexmark: str | None = None,
-                 trigger_ms: int = REPLAN_TRIGGER_MS,
+                 trigger_ms: int | None = REPLAN_TRIGGER_MS,
                  replay_in: str = "auto") -> dict[str, Any]:
     """``nexmark``: a NEXMark query (e.g. ``Q5``) instead of the keyed count; its state
     is rebuilt by replaying its state horizon (``replan.replay_start``), by a seamless
@@ -66,6 +80,11 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
     else:
         doc = keyed_count(keys, rate, 8, burst_records=keys)
         workload = f"keyed count over {keys:,} keys at {rate:g} records/s"
+    calibration: list[dict[str, Any]] = []
+    if trigger_ms is None:
+        trigger_ms, calibration = calibrate_trigger(
+            master_url, work, redis_url, doc, rate, max([8, *targets]), steady,
+            executor_memory)
     doc["trigger_ms"] = trigger_ms
     workload += f", trigger {trigger_ms} ms"
     rows: list[dict[str, Any]] = []
@@ -125,11 +144,47 @@ def bench_replan(master_url: str, work: Path, redis_url: str, keys: int, rate: f
              if restart and "seamless" in summary else None)
     log(table(rows))
     return {"benchmark": "replan", "workload": workload, "trigger_ms": trigger_ms,
+            "trigger_calibration": calibration,
             "replay_in": replay_in if nexmark else None,
             "keys": None if nexmark else keys, "rate": rate, "targets": targets,
             "reconfigurations": rows, "summary": summary,
             "disrupted_ratio_seamless_over_stop_restart": (round(ratio, 3)
                                                            if ratio is not None else None)}
+
+
+def calibrate_trigger(master_url: str, work: Path, redis_url: str, doc: dict[str, Any],
+                      rate: float, key_groups: int, steady: int, executor_memory: str
+                      ) -> tuple[int, list[dict[str, Any]]]:
+    """The processing-time trigger at which the pipeline ``doc`` at its heaviest
+    configuration (``key_groups``) is busy at most ``BUSY_MAX`` of the time, measured:
+    from ``REPLAN_TRIGGER_MS``, each try runs it alone on the cluster and times
+    ``CALIBRATION_BATCHES`` steady batches; one whose median batch is too long sets the
+    next trigger to that median over ``BUSY_AIM``, rounded up to half a second. Returns
+    the trigger and every try (trigger, median batch, busy share)."""
+    trigger_ms = REPLAN_TRIGGER_MS
+    tries: list[dict[str, Any]] = []
+    for attempt in range(CALIBRATION_TRIES):
+        probe = {**doc, "key_groups": key_groups, "trigger_ms": trigger_ms}
+        run = RunnerProcess(work / f"calibrate-{attempt}", master_url, probe, redis_url,
+                            run_id=990_390 + attempt, token="replancalibrate",
+                            max_workers=2, initial_workers=2,
+                            executor_memory=executor_memory)
+        with run:
+            wait_steady(run, rate, steady)
+            batches = run.wait_batches(CALIBRATION_BATCHES)
+        median_ms = statistics.median(b["batch_duration_ms"] for b in batches)
+        busy = median_ms / trigger_ms
+        tries.append({"trigger_ms": trigger_ms, "key_groups": key_groups,
+                      "median_batch_ms": median_ms, "busy_share": round(busy, 3)})
+        log(f"calibration: {key_groups} key groups on a {trigger_ms} ms trigger: median "
+            f"batch {median_ms:.0f} ms, busy {busy:.0%}")
+        if busy <= BUSY_MAX:
+            return trigger_ms, tries
+        trigger_ms = max(trigger_ms + 500,
+                         math.ceil(median_ms / BUSY_AIM / 500) * 500)
+    log(f"calibration: still busy above {BUSY_MAX:.0%} after {CALIBRATION_TRIES} tries; "
+        f"using {trigger_ms} ms")
+    return trigger_ms, tries
 
 
 def _share(value: float | None) -> str:
