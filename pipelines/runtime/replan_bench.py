@@ -45,7 +45,11 @@ REPLAN_TRIGGER_MS = 2000
 # the 8-group configuration took 2.0-2.8 s per batch at 1,000 events/s and 2.5-3.0 s at
 # 500: over a 2-s trigger at any rate. An overloaded old configuration has no slack to
 # share with a new one, so every seamless re-plan was disrupted for as long as it
-# overlapped (Gloss loads the old configuration to ~70 %, §9.1).
+# overlapped (Gloss loads the old configuration to ~70 %, §9.1). Calibrated there to a
+# 6-s trigger (16 key groups: median batch 4.1 s), 10 re-plans per scheme: seamless
+# disrupted 0 s in 5 and 8-9 s in the others (one old batch delayed past ¾ of the
+# rate, right after the new query started), mean 4.2 s; stop-and-restart 7.8 s.
+# Reading the replay in tasks of at most 2,500 records did not help (7.1 s over 7).
 BUSY_MAX = 0.7
 BUSY_AIM = 0.6  # a lengthened trigger aims here (a batch's cost grows with its input)
 CALIBRATION_TRIES = 4
