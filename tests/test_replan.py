@@ -454,3 +454,17 @@ def test_a_short_replay_runs_in_the_application_and_a_long_one_in_a_process() ->
     assert not replan.replays_in_process(q3, start, 0, "application")
     with pytest.raises(replan.ReplanError, match="replay_in must be one of"):
         replan.replays_in_process(q5, start, 400_000, "elsewhere")
+
+
+def test_a_transfer_is_gated_only_where_the_forwarded_batches_leave_idle_time(
+        tmp_path: Path) -> None:
+    gen = replan.Generation(0, 6, tmp_path / "checkpoint")
+    assert gen.leaves_idle_time(1.0)  # nothing measured yet: gate
+    for seconds in (0.5, 0.6, 0.55):
+        gen.record_batch(seconds)
+    assert gen.leaves_idle_time(1.0) and gen.batch_s == 0.55
+    for seconds in (1.0, 1.2, 0.95, 1.1):  # back to back: the median leaves no idle time
+        gen.record_batch(seconds)
+    assert gen.recent_batch_s == [0.55, 1.0, 1.2, 0.95, 1.1]
+    assert not gen.leaves_idle_time(1.0)
+    assert gen.leaves_idle_time(2.0)

@@ -293,7 +293,7 @@ class Runner:
                 time.sleep(gen.pause_s)
 
         def on_commit(commit: Any) -> None:
-            gen.batch_s = commit.committed_at - commit.started_at
+            gen.record_batch(commit.committed_at - commit.started_at)
             self.arbiter.written(gen, commit.batch_id)
             gate = self.transfer_gate
             if gate is not None and gen.number == self.arbiter.active:
@@ -491,6 +491,9 @@ class Runner:
                 "seed_s": transfer.get("seed_s"),
                 # The transfer's time stopped while the forwarded query ran its batches.
                 "transfer_gated_s": transfer.get("gated_s"),
+                # Whether it ran only in the forwarded query's idle time (measured
+                # beforehand: ``_gates_transfer``).
+                "transfer_gated": "gated_s" in transfer,
                 "overlap_from": new_started if scheme == "seamless" else started,
                 "overlap_to": switched_at,
                 "overlap_s": round(switched_at - new_started, 2)
@@ -523,7 +526,8 @@ class Runner:
 
         # Gated, it runs only between the run's batches: on every core of this machine.
         # Ungated, on one at idle priority beside the run's query.
-        cores = (os.cpu_count() or 1) if self._gates_transfer() else 1
+        gated = self._gates_transfer(old)
+        cores = (os.cpu_count() or 1) if gated else 1
         job = {"spec": spec.raw, "cores": cores, "t0": self.t0,
                "plan_dir": str(self.run_dir / "source-plan"),
                "old_checkpoint": str(old.checkpoint), "batch": batch, "start": seed.start,
@@ -536,7 +540,7 @@ class Runner:
                        window=spec.stateful.type == "hft_window")
         (gdir / "reseed-job.json").write_text(json.dumps(job))
         try:
-            return self._reseed_once(gdir, old, reseed.IDLE)
+            return self._reseed_once(gdir, old, reseed.IDLE, gated)
         except _TransferFailed as exc:  # not a timeout: that one had been raised already
             if self.stop_event.is_set() or not (old.query and old.query.isActive):
                 raise
@@ -545,16 +549,18 @@ class Runner:
         shutil.rmtree(new.checkpoint, ignore_errors=True)
         if seed.snapshot:
             shutil.rmtree(seed.snapshot, ignore_errors=True)
-        return self._reseed_once(gdir, old, reseed.LOW)
+        return self._reseed_once(gdir, old, reseed.LOW, gated)
 
-    def _gates_transfer(self) -> bool:
+    def _gates_transfer(self, forwarded: replan.Generation) -> bool:
         """Whether a state transfer runs only between the forwarded query's batches
-        (``reseed.TransferGate``): on a processing-time trigger, which leaves idle time
-        between them; back-to-back batches leave none."""
-        return self.spec.trigger_ms > 0
+        (``reseed.TransferGate``): on a processing-time trigger whose interval its
+        recent batches left partly idle (``replan.GATE_IDLE_MIN``, measured);
+        back-to-back batches leave no time to run in."""
+        trigger_s = self.spec.trigger_ms / 1000
+        return trigger_s > 0 and forwarded.leaves_idle_time(trigger_s)
 
     def _reseed_once(self, gdir: Path, old: replan.Generation,
-                     priority: str) -> dict[str, Any]:
+                     priority: str, gated: bool) -> dict[str, Any]:
         import subprocess
 
         from pipelines.runtime import reseed
@@ -571,7 +577,7 @@ class Runner:
         deadline = time.monotonic() + replan.CATCH_UP_TIMEOUT_S
         watch = reseed.StarvationWatch(proc.pid) if priority == reseed.IDLE else None
         # Its own session: the process group is the transfer's (its JVM, Python workers).
-        gate = reseed.TransferGate(proc.pid) if self._gates_transfer() else None
+        gate = reseed.TransferGate(proc.pid) if gated else None
         self.transfer_gate = gate
         try:
             while proc.poll() is None:
