@@ -1,8 +1,9 @@
 """The closed loop on the real stack, as a newcomer meets it: the seeded elastic demo
 (its rate steps around one worker's capacity, measured on this machine) is started from
-the Start form under the seeded MPC policy; within 180 s the controller scales it 1 -> 2
-workers (a marker and a "1 → 2" decision on the page), then back down after the rate
-falls, every decision stored, pushed and marked; the verifier then checks the run's
+the Start form under the seeded MPC policy; within 180 s (later only where the measured
+warm-up puts the step later) the controller scales it 1 -> 2 workers (a marker and a
+"1 → 2" decision on the page), then back down after the rate falls, every decision
+stored, pushed and marked; the verifier then checks the run's
 output (nothing lost or duplicated across the reconfigurations). Before that, the
 policy form refuses an invalid horizon on its field."""
 from __future__ import annotations
@@ -23,8 +24,22 @@ from pipelines.management.browser import headless_chromium, log_in
 pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.single_pass]
 STALE = (StaleElementReferenceException, NoSuchElementException)
 
-# Start -> the scale-up decision on the page (the issue's promise to a newcomer).
+# Start -> the scale-up decision on the page (the issue's promise to a newcomer), on a
+# machine whose warm-up and step come early enough; on a slower one the step itself comes
+# later (calibration.step_plan, from the measured warm-up) and the bound follows it:
+# the step, then a few batches at high (the first p95 over the bound) and the decision.
 SCALE_UP_WITHIN_S = 180
+
+
+def scale_up_within_s(plan: calibration.StepPlan, cal: calibration.Calibration,
+                      start_to_t0_s: float) -> float:
+    """Seconds from Start by which the 1 -> 2 decision must be on the page: 180 s, or
+    the run's start-up, the step and 60 s plus 30 batch overheads after it (today: step
+    at t0+53 s, decision at t0+102 s with o = 1.1 s)."""
+    return max(SCALE_UP_WITHIN_S,
+               start_to_t0_s + plan.up_at_s + 60 + 30 * cal.overhead_s)
+
+
 # The decision -> the run at 2 workers: a failure detector, not a speed assumption.
 APPLY_WITHIN_S = 600
 
@@ -44,6 +59,17 @@ def _fill_policy(browser, params: str, bound_ms: int) -> None:
     browser.execute_script("document.getElementById('id_strategy_params').value = "
                            "arguments[0];", params)
     browser.find_element(By.ID, "save-policy").click()
+
+
+def _t0_of(run) -> float | None:
+    """The run's clock origin (wall seconds), once its runner has written it."""
+    from pipelines.models import Run
+
+    try:
+        return json.loads((Path(Run.objects.get(pk=run.pk).checkpoint_dir) / "t0")
+                          .read_text())["t0"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 # The calibration (once per CI run, ~2 min) and phases that stretch on a slow machine.
@@ -81,7 +107,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
         browser.get(f"{base}/runs/")
         Select(browser.find_element(By.NAME, "pipeline")).select_by_value(str(pipeline.pk))
         Select(browser.find_element(By.NAME, "policy")).select_by_value(str(policy.pk))
-        clicked = time.monotonic()
+        clicked, clicked_wall = time.monotonic(), time.time()
         timings: list[str] = []
         browser.find_element(By.CSS_SELECTOR, "form.card button[type=submit]").click()
         WebDriverWait(browser, 30).until(lambda d: "/runs/" in d.current_url
@@ -119,18 +145,18 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
                 return Decision.objects.filter(run=run, action="scale", current_workers=1,
                                                chosen_workers=2).order_by("step").first()
 
-            # Step up at plan.up_at_s: within SCALE_UP_WITHIN_S of Start the controller
-            # decides 1 -> 2 (a marker and the decision on the page) ...
+            # Step up at plan.up_at_s: within the bound of Start the controller decides
+            # 1 -> 2 (a marker and the decision on the page) ...
+            t0 = wait_for(lambda: _t0_of(run), 300, "the run's query to start")
+            within_s = scale_up_within_s(plan, cal, t0 - clicked_wall)
             try:
                 wait_for(lambda: scale_up() is not None,
-                         max(1.0, SCALE_UP_WITHIN_S - (time.monotonic() - clicked)),
+                         max(1.0, within_s - (time.monotonic() - clicked)),
                          "the 1 -> 2 decision")
             except pytest.fail.Exception:
-                pytest.fail(f"no 1 -> 2 decision within {SCALE_UP_WITHIN_S} s of Start; "
+                pytest.fail(f"no 1 -> 2 decision within {within_s:.0f} s of Start; "
                             f"decisions: {workers_seen()}")
             up = scale_up()
-            t0 = json.loads((Path(Run.objects.get(pk=run.pk).checkpoint_dir) / "t0")
-                            .read_text())["t0"]
             assert up.action == "scale" and up.current_workers == 1
             assert up.t - t0 >= plan.up_at_s, ("scaled up before the rate stepped up", workers_seen())
             assert up.predictions and up.cost["total"] > 0 and up.solve_ms >= 0
@@ -143,7 +169,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
             shown_after = time.monotonic() - clicked
             timings.append(f"scale-up marker and '1 → 2' on the page {shown_after:.0f} s "
                            "after Start")
-            assert shown_after <= SCALE_UP_WITHIN_S, shown_after
+            assert shown_after <= within_s, (shown_after, within_s)
             # ... and realises it: a new executor, then half of the key groups with their
             # state move to it. How long that takes depends on the machine (an
             # executor's JVM start, reloading 1M keys' state); the bound only catches

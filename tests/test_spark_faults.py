@@ -130,19 +130,32 @@ def test_a_benchmark_sigtermed_mid_run_leaves_no_process_behind(tmp_path: Path) 
          os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "bench.log", "wb"))
     try:
-        def runner_streaming() -> bool:
-            started = [p for p in _descendants(bench.pid)
-                       if "pipelines.runtime.runner" in " ".join(
-                           frequency.process_table().get(p, (0, []))[1])]
-            return bool(started) and len(_descendants(bench.pid)) >= 6
+        def argv(pid: int) -> str:
+            return " ".join(frequency.process_table().get(pid, (0, []))[1])
 
-        wait_for(runner_streaming, 240, "the benchmark's runner and cluster")
-        time.sleep(10)  # mid-run: the query is streaming
+        def runner_streaming() -> bool:
+            """The runner, an executor and the Python workers of the query's tasks: a
+            fixed sleep after the runner appeared was not enough on a slow machine
+            (the SIGTERM came while the executors were still starting)."""
+            cmds = [argv(p) for p in _descendants(bench.pid)]
+            return (any("pipelines.runtime.runner" in c for c in cmds)
+                    and any("CoarseGrainedExecutorBackend" in c for c in cmds)
+                    and any("pyspark.daemon" in c for c in cmds))
+
+        wait_for(runner_streaming, 240, "the benchmark's runner, executor and Python workers")
+        time.sleep(3)  # mid-run: the query is streaming
         started = _descendants(bench.pid)
+        names = {p: argv(p)[:160] for p in started}
         sent = time.monotonic()
         bench.send_signal(signal.SIGTERM)
-        wait_for(lambda: not any(_alive(p) for p in started) and bench.poll() is not None,
-                 15, "every process the benchmark started to end")
+        try:
+            wait_for(lambda: not any(_alive(p) for p in started) and bench.poll() is not None,
+                     15, "every process the benchmark started to end")
+        except pytest.fail.Exception:
+            left = [names[p] for p in started if _alive(p)]
+            pytest.fail(f"15 s after SIGTERM, still running: the benchmark "
+                        f"{'(exited)' if bench.poll() is not None else '(running)'} and "
+                        f"{len(left)} of its {len(started)} processes: {left}")
         print(f"benchmark and its {len(started)} processes gone "
               f"{time.monotonic() - sent:.1f} s after SIGTERM")
     finally:
