@@ -114,7 +114,7 @@ def test_scale_moves_and_rebalance_keep_exactly_once(tmp_path: Path, spark_clust
 
 
 HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
-                  "rate": {"kind": "constant", "records_per_s": 600},
+                  "rate": {"kind": "constant", "records_per_s": 300},
                   "keys": {"kind": "file", "file": "elastic-hft/probability_distribution"}},
        "operators": [{"type": "filter", "field": "value", "op": "<", "value": 990},
                      {"type": "hft_window", "window": 12, "slide": 4, "degree": 2}],

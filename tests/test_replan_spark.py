@@ -14,7 +14,10 @@ import pytest
 from pipelines.runtime import definition, verify
 from pipelines.runtime.harness import RunnerProcess
 
-pytestmark = [pytest.mark.spark, pytest.mark.dbless]
+# Each re-plan's phases have the runner's own limits (300 s for the transfer, 300 s for
+# the catch-up): the tests took 235-373 s on a quiet day and the HFT one passed 600 s
+# on a slower one, inside those limits.
+pytestmark = [pytest.mark.spark, pytest.mark.dbless, pytest.mark.timeout(1500)]
 
 MEAN = {"source": {"type": "generator", "seed": 8, "partitions": 2,
                    "rate": {"kind": "constant", "records_per_s": 800},
@@ -94,7 +97,7 @@ def test_key_groups_change_on_a_running_query_with_exactly_once_output(
 
 
 HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
-                  "rate": {"kind": "constant", "records_per_s": 600},
+                  "rate": {"kind": "constant", "records_per_s": 300},
                   "keys": {"kind": "file", "file": "elastic-hft/probability_distribution"}},
        "operators": [{"type": "hft_window", "window": 12, "slide": 4, "degree": 2}],
        "sink": {"type": "latency", "keep_output": True},

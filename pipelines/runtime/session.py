@@ -17,6 +17,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The scheduler pools of a live re-plan's generations, by role (replan.pool_for).
 FAIR_POOLS = Path(__file__).with_name("fairscheduler.xml")
 EXECUTOR_WAIT_S = 90.0
+# The driver's and the executors' JVM options; ``$STREAMWISE_JVM_OPTIONS`` replaces
+# them (empty: the JVM's defaults). On 2 cores a run's JVMs spent much of their CPU in
+# C2's compiler threads and G1's concurrent threads: with C1 only and the serial
+# collector, two NEXMark runs (Q3, Q5: start, scale-up, rebalance, windows) took 0.79x
+# the time at 76 % CPU against 89 % (twice each, alternating order). A batch here is
+# dominated by its fixed costs, which C2's peak code does not shorten.
+JVM_OPTIONS_ENV = "STREAMWISE_JVM_OPTIONS"
+DEFAULT_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 # After the initial executors registered: how long to wait for the rest of
 # spark.cores.max (they start together; one that comes later still is released by the
 # late-executor check between batches).
@@ -87,6 +95,10 @@ def build_session(master_url: str, app_name: str, max_workers: int,
     )
     if locality_wait is not None:
         builder = builder.config("spark.locality.wait", locality_wait)
+    java_options = os.environ.get(JVM_OPTIONS_ENV, DEFAULT_JVM_OPTIONS).strip()
+    if java_options:
+        builder = (builder.config("spark.driver.extraJavaOptions", java_options)
+                   .config("spark.executor.extraJavaOptions", java_options))
     secret_file = os.environ.get(SECRET_ENV)
     if not secret_file or master_url.startswith("local"):
         return builder.getOrCreate()
