@@ -18,8 +18,8 @@ status=0
 make --no-print-directory lint || status=1  # ruff and the layer contracts (.importlinter)
 echo "=== tests on PostgreSQL (all but the single_pass tests)"
 DATABASE_URL=${PG_TEST_URL:-postgres://postgres@127.0.0.1:5432/streamwise} \
-  .venv/bin/python -m pytest --durations=12 -m "not single_pass" "$@" || status=1
+  .venv/bin/python -m pytest --durations=25 -m "not single_pass" "$@" || status=1
 echo "=== tests on SQLite (all but the dbless tests)"
-DATABASE_URL=sqlite:///$STREAMWISE_VAR/db.sqlite3 .venv/bin/python -m pytest --durations=12 -m "not dbless" "$@" \
+DATABASE_URL=sqlite:///$STREAMWISE_VAR/db.sqlite3 .venv/bin/python -m pytest --durations=25 -m "not dbless" "$@" \
   || status=1
 exit $status
