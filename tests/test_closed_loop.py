@@ -3,9 +3,9 @@
 the Start form under the seeded MPC policy; within 180 s (later only where the measured
 warm-up puts the step later) the controller scales it 1 -> 2 workers (a marker and a
 "1 → 2" decision on the page), then back down after the rate falls, every decision
-stored, pushed and marked; the verifier then checks the run's
-output (nothing lost or duplicated across the reconfigurations). Before that, the
-policy form refuses an invalid horizon on its field."""
+stored, pushed and marked; the verifier then checks the run's output (nothing lost or
+duplicated across the reconfigurations). Before that, the policy form refuses an invalid
+horizon on its field."""
 from __future__ import annotations
 
 import json
@@ -118,8 +118,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
 
             def workers_seen() -> list[str]:
                 """Each decision in one line: for the failure message."""
-                t0 = json.loads((Path(Run.objects.get(pk=run.pk).checkpoint_dir) / "t0")
-                                .read_text())["t0"]
+                t0 = _t0_of(run)
                 return [f"step {d.step} t+{d.t - t0:.0f}s {d.current_workers}->"
                         f"{d.chosen_workers} {d.action}/{d.outcome} rate "
                         f"{(d.inputs.get('rate') or 0):.0f} p95 {d.measured_latency_ms} "

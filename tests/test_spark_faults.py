@@ -98,8 +98,9 @@ def test_a_sigtermed_runner_is_gone_within_10_s(tmp_path: Path, spark_cluster: A
     _verified(run)
 
 
-def _descendants(root: int) -> set[int]:
-    table = frequency.process_table()
+def _descendants(root: int, table: dict[int, tuple[int, list[str]]] | None = None
+                 ) -> set[int]:
+    table = frequency.process_table() if table is None else table
     children: dict[int, list[int]] = {}
     for pid, (ppid, _argv) in table.items():
         children.setdefault(ppid, []).append(pid)
@@ -130,22 +131,25 @@ def test_a_benchmark_sigtermed_mid_run_leaves_no_process_behind(tmp_path: Path) 
          os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "bench.log", "wb"))
     try:
-        def argv(pid: int) -> str:
-            return " ".join(frequency.process_table().get(pid, (0, []))[1])
+        def commands() -> dict[int, str]:
+            """pid -> command line of every process under the benchmark (one read of
+            /proc)."""
+            table = frequency.process_table()
+            return {p: " ".join(table[p][1]) for p in _descendants(bench.pid, table)}
 
         def runner_streaming() -> bool:
             """The runner, an executor and the Python workers of the query's tasks: a
             fixed sleep after the runner appeared was not enough on a slow machine
             (the SIGTERM came while the executors were still starting)."""
-            cmds = [argv(p) for p in _descendants(bench.pid)]
+            cmds = commands().values()
             return (any("pipelines.runtime.runner" in c for c in cmds)
                     and any("CoarseGrainedExecutorBackend" in c for c in cmds)
                     and any("pyspark.daemon" in c for c in cmds))
 
         wait_for(runner_streaming, 240, "the benchmark's runner, executor and Python workers")
         time.sleep(3)  # mid-run: the query is streaming
-        started = _descendants(bench.pid)
-        names = {p: argv(p)[:160] for p in started}
+        names = {p: c[:160] for p, c in commands().items()}
+        started = set(names)
         sent = time.monotonic()
         bench.send_signal(signal.SIGTERM)
         try:
