@@ -209,6 +209,60 @@ def test_the_source_holds_until_the_snapshot_is_loaded(tmp_path: Path) -> None:
     assert reader.latestOffset({"offset": 50}, ReadMaxRows(10_000))["offset"] > 50
 
 
+def test_a_catching_up_generation_plans_once_the_forwarded_batch_of_the_interval_is_written(
+        tmp_path: Path) -> None:
+    """The arbiter writes the gate as the forwarding query's batches are written; the
+    candidate's source waits for the one of the current trigger interval, not for ever,
+    and not at all once it reaches the forwarded end (the hand-over batch)."""
+    from pipelines.runtime.source import wait_for_forwarded
+
+    old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    arbiter.claim(old, 0)
+    arbiter.written(old, 0)
+    # On an hourly trigger, its batch 0 was written in the interval before this one.
+    trigger_s = 3600.0
+    arbiter.written_at = time.time() - trigger_s
+    gate = tmp_path / "gate.json"
+    new = _Gen(1, {0: (5, 10)})
+    arbiter.propose(new, aligned=True, gate=gate, trigger_s=trigger_s)
+    doc = json.loads(gate.read_text())
+    assert doc["forwarded_end"] == 10 and doc["trigger_s"] == trigger_s
+    assert wait_for_forwarded(gate, 10) < 1.0  # at the forwarded end: no turn to wait
+    waited: list[float] = []
+    waiter = threading.Thread(target=lambda: waited.append(wait_for_forwarded(gate, 5)))
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive()  # the forwarding query's batch of this interval is not out
+    assert arbiter.claim(old, 1) == 1
+    written_at = time.monotonic()
+    arbiter.written(old, 1)
+    waiter.join(30)
+    assert not waiter.is_alive() and waited[0] >= 0.3
+    assert time.monotonic() - written_at < 30
+    # Gone with the switch: the new generation forwards and plans freely.
+    assert arbiter.claim(old, 2) == 2
+    new.ranges.update({1: (20, 30), 2: (30, 40)})
+    assert arbiter.claim(new, 1) is None  # the same range as the old one's, after it
+    assert gate.exists()
+    assert arbiter.claim(new, 2) == 3 and arbiter.switched.is_set()
+    assert not gate.exists()
+    assert wait_for_forwarded(gate, 5) < 1.0
+
+
+def test_a_turn_is_not_waited_for_past_the_next_trigger_instant(tmp_path: Path) -> None:
+    """A forwarding query that writes nothing in the interval (overloaded, or stopped
+    without the file removed) holds the candidate up to the next trigger instant."""
+    from pipelines.runtime.source import wait_for_forwarded
+
+    gate = tmp_path / "gate.json"
+    gate.write_text(json.dumps({"committed_at": 0.0, "forwarded_end": 100,
+                                "trigger_s": 0.5}))
+    entered = time.time()
+    wait_for_forwarded(gate, 50)
+    assert time.time() >= entered - entered % 0.5 + 0.5  # held until the next instant
+
+
 def test_offset_lines_name_the_generator_whatever_their_order() -> None:
     text = 'v1\n{"batchWatermarkMs":0}\n{"logOffset":0}\n{"offset": 123}\n'
     assert replan.generator_offset(text) == 123

@@ -131,7 +131,9 @@ def test_a_nexmark_window_query_is_replanned_by_replaying_its_state_horizon(
     emitted equals Beam's query model over the same events."""
     from pipelines.nexmark import queries
 
-    doc = queries.definition("Q5", 500, key_groups=4)
+    # On a processing-time trigger: the new query's batches take turns with the old
+    # one's (source.wait_for_forwarded) until the hand-over batch.
+    doc = {**queries.definition("Q5", 500, key_groups=4), "trigger_ms": 2000}
     run = _runner(tmp_path, spark_cluster, doc, "q5")
     with run:
         seamless, restart = _up_and_down(run, 8, 8, 2)

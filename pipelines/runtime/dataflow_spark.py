@@ -105,15 +105,16 @@ def _window_start_ms(window: Column) -> Column:
 
 
 def _source(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
-            plan_dir: Path, start: int = 0, first_ends: tuple[int, ...] = ()) -> DataFrame:
+            plan_dir: Path, start: int = 0, first_ends: tuple[int, ...] = (),
+            gate: Path | None = None) -> DataFrame:
     if spec.source_type == "nexmark":
         from pipelines.runtime.nexmark_source import NexmarkDataSource
 
         df = read_stream(spark, NexmarkDataSource, spec, t0, plan_dir, start,
-                         first_ends=first_ends)
+                         first_ends=first_ends, gate=gate)
     else:
         df = (read_stream(spark, GeneratorDataSource, spec, t0, plan_dir, start,
-                          first_ends=first_ends)
+                          first_ends=first_ends, gate=gate)
               .withColumn("event_time", F.timestamp_seconds("emit_ts")))
     return observe_latency(df)
 
@@ -169,10 +170,12 @@ def _join(left: DataFrame, right: DataFrame, node: dataflow.Node,
 
 def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
                    plan_dir: Path | None = None, start: int = 0,
-                   first_ends: tuple[int, ...] = ()) -> DataFrame:
+                   first_ends: tuple[int, ...] = (),
+                   gate: Path | None = None) -> DataFrame:
     """The sink's input stream of a dataflow pipeline. ``plan_dir``: where the source's
     readers agree on each batch's end (``source.py``; a fresh directory if not given);
-    ``start``/``first_ends``: a re-plan's replay (``replan.replay_start``)."""
+    ``start``/``first_ends``: a re-plan's replay (``replan.replay_start``); ``gate``:
+    its turns with the forwarding query (``source.wait_for_forwarded``)."""
     assert spec.graph is not None
     graph = spec.graph
     if plan_dir is None:
@@ -194,7 +197,7 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
         elif node.inputs and all(i in watermarked for i in node.inputs):
             watermarked.add(node.id)
         if node.type in dataflow.SOURCE_TYPES:
-            df = _source(spark, spec, t0, plan_dir, start, first_ends)
+            df = _source(spark, spec, t0, plan_dir, start, first_ends, gate)
         elif node.type == "filter":
             df = ins[0].where(_expr(p["where"], inputs[0].columns))
         elif node.type == "project":

@@ -69,9 +69,11 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
 
         if seed is None:
             return build_dataflow(spark, spec, t0, plan_dir)
-        return build_dataflow(spark, spec, t0, plan_dir, seed.start, seed.first_ends)
+        return build_dataflow(spark, spec, t0, plan_dir, seed.start, seed.first_ends,
+                              seed.gate)
     df = read_stream(spark, GeneratorDataSource, spec, t0, plan_dir,
-                     start=seed.start if seed else 0, hold=seed.hold if seed else None)
+                     start=seed.start if seed else 0, hold=seed.hold if seed else None,
+                     gate=seed.gate if seed else None)
     # (an HFT seed has no hold: transformWithState loads its initial state in the first
     # batch without emitting anything for it)
     for op in spec.operators:
@@ -101,6 +103,8 @@ class Seed:
     snapshot: Path | None  # None: a dataflow's state is rebuilt by replaying records
     hold: Path | None
     first_ends: tuple[int, ...] = ()  # a replay's first batches end here (source.py)
+    # Its batches take turns with the forwarding query's (source.wait_for_forwarded).
+    gate: Path | None = None
 
 
 # The keyed aggregate's state per key, whatever the aggregate: records, sum and max of

@@ -19,6 +19,12 @@ count needs a new query with a new checkpoint):
   application beside the old one and reads the deterministic source on from where its
   first batch ended. Both read the same epochs: the source's planned batch ends are
   shared (``source.py``, ``plan_dir``).
+* **Taking turns.** Both queries' processing-time triggers fire at the same instants
+  (Spark aligns them to multiples of the interval), so the new query's catch-up batches
+  started with every batch of the old one and stretched it (NEXMark Q5: 1.5 s to
+  2.5 s). On such a trigger, each batch of the new query is planned only once the old
+  one has written its batch of the interval (``source.wait_for_forwarded``), until it
+  reaches the forwarded end: the hand-over batch is computed beside the old one's.
 * **Adaptive merging (§7.2).** The output arbiter (:class:`Arbiter`) forwards each
   source range exactly once: a batch is claimed once computed, and the range that
   starts where the forwarded output ends goes to the generation that finishes it first
@@ -275,6 +281,11 @@ class Arbiter:
         self.writing: dict[int, set[int]] = {}
         self.retired: set[int] = set()
         self.last_forwarded: dict[int, int] = {}  # generation -> its last forwarded batch
+        # The candidate's turns (source.wait_for_forwarded): a file it reads, rewritten
+        # whenever a forwarded batch is written; None without a candidate to gate.
+        self.gate: Path | None = None
+        self.gate_trigger_s = 0.0
+        self.written_at = 0.0  # when the last forwarded batch was written
 
     def begin(self, gen: Generation, batch: int) -> None:
         """``gen`` starts computing ``batch`` (its offsets are logged by then)."""
@@ -343,6 +354,7 @@ class Arbiter:
         gen.epoch_offset = self.last_epoch + 1 - batch
         gen.first_batch = batch
         self.active, self.candidate, self.candidate_range = gen.number, None, None
+        self._open_gate()
         self.forwarded_from, self.forwarded_end = start, end
         self.last_epoch += 1
         self.switched_at = time.time()
@@ -357,7 +369,26 @@ class Arbiter:
         """``gen``'s forwarded batch ``batch`` is written (its sink returned)."""
         with self.cond:
             self.writing.get(gen.number, set()).discard(batch)
+            if gen.number == self.active:
+                self.written_at = time.time()
+                self._write_gate()
             self.cond.notify_all()
+
+    def _write_gate(self) -> None:
+        if self.gate is None or self.candidate is None:
+            return
+        doc = {"committed_at": self.written_at, "forwarded_end": self.forwarded_end,
+               "trigger_s": self.gate_trigger_s}
+        tmp = self.gate.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.gate)
+
+    def _open_gate(self) -> None:
+        """The candidate plans its batches freely from now on (it forwards, or the
+        re-plan ended)."""
+        if self.gate is not None:
+            self.gate.unlink(missing_ok=True)
+            self.gate = None
 
     def retire(self, gen: Generation) -> None:
         """Forward nothing more of ``gen`` (stop-and-restart: before it is stopped)."""
@@ -375,9 +406,12 @@ class Arbiter:
                 self.cond.wait(left)
             return True
 
-    def propose(self, gen: Generation, aligned: bool = False) -> None:
+    def propose(self, gen: Generation, aligned: bool = False, gate: Path | None = None,
+                trigger_s: float = 0.0) -> None:
         """``gen`` takes over once it offers the batch the forwarded output ends at
-        (``aligned``: and its batch before began where the forwarded one before did)."""
+        (``aligned``: and its batch before began where the forwarded one before did).
+        ``gate``: the file by which its batches take turns with the forwarded ones on
+        a ``trigger_s`` processing-time trigger (``source.wait_for_forwarded``)."""
         with self.cond:
             self.generations[gen.number] = gen
             self.candidate, self.candidate_range, self.misses = gen.number, None, 0
@@ -385,11 +419,16 @@ class Arbiter:
             self.switched.clear()
             self.switched_at = None
             self.discarded = 0
+            self._open_gate()
+            if gate is not None and trigger_s > 0:
+                self.gate, self.gate_trigger_s = gate, trigger_s
+                self._write_gate()
 
     def withdraw(self, gen: Generation) -> None:
         with self.cond:
             if self.candidate == gen.number:
                 self.candidate, self.candidate_range = None, None
+                self._open_gate()
                 self.cond.notify_all()
             self.generations.pop(gen.number, None)
 

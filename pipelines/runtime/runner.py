@@ -28,6 +28,7 @@ Exit codes: 0 stopped on request, 1 failed (a ``failed`` event says why), 2 bad 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -453,7 +454,11 @@ class Runner:
         snapshot_s = transfer.get("snapshot_s", time.perf_counter() - snap)
         # A watermark's output (windows closing) depends on where the batch before began:
         # a dataflow generation takes over only after a batch aligned with the old one's.
-        self.arbiter.propose(new, aligned=spec.graph is not None)
+        if scheme == "seamless" and spec.trigger_ms:
+            # Its batches take turns with the old query's (source.wait_for_forwarded).
+            seed = dataclasses.replace(seed, gate=gdir / "gate.json")
+        self.arbiter.propose(new, aligned=spec.graph is not None, gate=seed.gate,
+                             trigger_s=spec.trigger_ms / 1000.0)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
         self._start_generation(new, spec, seed)
         new_started = time.time()

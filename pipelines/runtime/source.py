@@ -27,6 +27,13 @@ generations of a live re-plan read the same epochs (Gloss' deterministic input,
 Rajadurai et al., ASPLOS 2018, §6.1): the new query starts at a batch boundary of the
 old one and from there takes the old one's ends, or the old one takes the new one's.
 Planned ends are kept ``PLAN_KEEP_S`` so a generation catching up still finds them.
+
+``gate`` (a path; a re-plan's new generation on a processing-time trigger): while the
+generation is behind the forwarded output, each of its batches is planned only once the
+forwarding query has written its batch of the current trigger interval
+(:func:`wait_for_forwarded`), so that the two queries' batches take turns instead of
+starting together at every trigger (both triggers fire at the same epoch-aligned
+instants) and stretching the batch the run's output waits for.
 """
 from __future__ import annotations
 
@@ -95,6 +102,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
         self.start = int(options.get("start") or 0)
         self.hold = Path(options["hold"]) if options.get("hold") else None
         self.first_ends = [int(e) for e in (options.get("first_ends") or "").split(",") if e]
+        self.gate = Path(options["gate"]) if options.get("gate") else None
         # The reader is made on the driver's host and pickled to every task: the
         # schedule and key distribution (read from the data files there) travel with
         # it, so an executor on another host needs none of this machine's files.
@@ -111,8 +119,10 @@ class GeneratorStreamReader(DataSourceStreamReader):
         return schedule.records_by(time.time() - self.t0)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        available = self._available()
         begin = int(start["offset"])
+        if self.gate is not None:
+            wait_for_forwarded(self.gate, begin)
+        available = self._available()
         if self.hold is not None and not self.hold.exists():
             return {"offset": begin}
         pending = [e for e in self.first_ends if e > begin]
@@ -225,7 +235,8 @@ class GeneratorDataSource(DataSource):
 def source_options(spec: definition.PipelineSpec, t0: float,
                    plan_dir: Path | str | None = None, start: int = 0,
                    hold: Path | str | None = None,
-                   first_ends: tuple[int, ...] = ()) -> dict[str, str]:
+                   first_ends: tuple[int, ...] = (),
+                   gate: Path | str | None = None) -> dict[str, str]:
     options = {"spec": json.dumps(spec.raw, sort_keys=True), "t0": repr(t0)}
     if plan_dir is not None:
         options["plan_dir"] = str(plan_dir)
@@ -235,7 +246,43 @@ def source_options(spec: definition.PipelineSpec, t0: float,
         options["hold"] = str(hold)
     if first_ends:
         options["first_ends"] = ",".join(str(e) for e in first_ends)
+    if gate is not None:
+        options["gate"] = str(gate)
     return options
+
+
+GATE_POLL_S = 0.02
+
+
+def wait_for_forwarded(gate: Path, begin: int) -> float:
+    """A catching-up generation's turn to plan its batch starting at ``begin``; returns
+    the seconds waited. ``gate`` is a JSON document the runner rewrites whenever the
+    forwarding query's batch is written (``replan.Arbiter``): ``committed_at`` (epoch
+    seconds), ``forwarded_end`` (the source offset the run's output reaches) and
+    ``trigger_s`` (the pipeline's processing-time trigger). Spark fires both queries'
+    triggers at the same multiples of the interval; this waits until the forwarding
+    query has written its batch of the current interval, at most until the next trigger
+    instant (an overloaded query's batch may run past it). No wait without the file (the
+    generation forwards, or the re-plan ended), nor once ``begin`` reaches the forwarded
+    end: that batch is the hand-over, computed beside the old query's (Gloss §7.2)."""
+    waited_from = time.time()
+    deadline: float | None = None
+    while True:
+        try:
+            doc = json.loads(gate.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):  # gone, or being replaced
+            return time.time() - waited_from
+        trigger_s = float(doc.get("trigger_s") or 0.0)
+        forwarded_end = doc.get("forwarded_end")
+        if trigger_s <= 0 or (forwarded_end is not None and begin >= int(forwarded_end)):
+            return time.time() - waited_from
+        now = time.time()
+        interval_start = now - now % trigger_s
+        if deadline is None:
+            deadline = interval_start + trigger_s
+        if float(doc.get("committed_at") or 0.0) >= interval_start or now >= deadline:
+            return now - waited_from
+        time.sleep(GATE_POLL_S)
 
 
 # The per-batch latency observation (query.py says how latency follows from it).
@@ -248,13 +295,15 @@ def read_stream(spark: SparkSession, data_source: type[GeneratorDataSource],
                 spec: definition.PipelineSpec, t0: float,
                 plan_dir: Path | str | None = None, start: int = 0,
                 hold: Path | str | None = None,
-                first_ends: tuple[int, ...] = ()) -> DataFrame:
+                first_ends: tuple[int, ...] = (),
+                gate: Path | str | None = None) -> DataFrame:
     """The source's records as a stream. The schema given here spares a Python round
     trip on the driver at query start."""
     spark.dataSource.register(data_source)
     return (spark.readStream.format(data_source.source_name)
             .schema(data_source.source_schema)
-            .options(**source_options(spec, t0, plan_dir, start, hold, first_ends)).load())
+            .options(**source_options(spec, t0, plan_dir, start, hold, first_ends, gate))
+            .load())
 
 
 def observe_latency(df: DataFrame) -> DataFrame:
