@@ -263,6 +263,47 @@ def test_a_turn_is_not_waited_for_past_the_next_trigger_instant(tmp_path: Path) 
     assert time.time() >= entered - entered % 0.5 + 0.5  # held until the next instant
 
 
+def _caught_up(tmp_path: Path) -> tuple[replan.Arbiter, _Gen, _Gen]:
+    """An old generation that forwarded [0, 20) and an aligned candidate that has just
+    computed [10, 20) too: its next batch is the hand-over."""
+    old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30), 3: (30, 40)})
+    arbiter = replan.Arbiter(tmp_path, old)
+    assert [arbiter.claim(old, b) for b in (0, 1)] == [0, 1]
+    new = _Gen(1, {0: (5, 10), 1: (10, 20), 2: (20, 30)})
+    arbiter.propose(new, aligned=True)
+    for batch in (0, 1):
+        assert arbiter.begin(new, batch)
+        assert arbiter.claim(new, batch) is None
+    return arbiter, old, new
+
+
+def test_the_old_generation_leaves_the_hand_over_batch_to_a_caught_up_candidate(
+        tmp_path: Path) -> None:
+    arbiter, old, new = _caught_up(tmp_path)
+    began: list[bool] = []
+    old_batch = threading.Thread(target=lambda: began.append(arbiter.begin(old, 2)))
+    old_batch.start()
+    time.sleep(0.2)
+    assert old_batch.is_alive()  # it does not compute [20, 30) beside the candidate
+    assert arbiter.begin(new, 2)
+    assert arbiter.claim(new, 2) == 2 and arbiter.switched.is_set()
+    old_batch.join(30)
+    assert began == [False] and arbiter.yielded == 1  # nothing to compute: never forwarded
+    assert arbiter.begin(old, 3) is False  # nor after it, until it is stopped
+
+
+def test_the_old_generation_computes_the_hand_over_batch_if_the_candidate_is_late(
+        tmp_path: Path) -> None:
+    arbiter, old, new = _caught_up(tmp_path)
+    waited_from = time.monotonic()
+    assert arbiter.begin(old, 2) is True
+    assert time.monotonic() - waited_from >= replan.HANDOVER_ALONE_MIN_S
+    assert arbiter.claim(old, 2) == 2 and not arbiter.switched.is_set()
+    # A candidate that is not caught up never holds the old generation up.
+    arbiter.withdraw(new)
+    assert arbiter.begin(old, 2) is True
+
+
 def test_offset_lines_name_the_generator_whatever_their_order() -> None:
     text = 'v1\n{"batchWatermarkMs":0}\n{"logOffset":0}\n{"offset": 123}\n'
     assert replan.generator_offset(text) == 123

@@ -183,8 +183,9 @@ class LatencySink:
     ``claim`` (a re-plan's output arbiter, ``replan.Arbiter``) says, once the batch is
     computed, whether its output is forwarded, as which of the run's output batches (its
     epoch), or discarded (another generation forwards that input); ``begin`` tells the
-    arbiter a batch starts. Without them every batch is forwarded as its own id. A
-    discarded batch still runs (its state must advance).
+    arbiter a batch starts, and if it returns False the batch is not computed at all (a
+    query being stopped, ``replan.Arbiter.begin``). Without them every batch is
+    forwarded as its own id. A discarded batch still runs (its state must advance).
     """
 
     def __init__(self, on_commit: Callable[[BatchCommit], None],
@@ -192,7 +193,7 @@ class LatencySink:
                  between_batches: Callable[[int], None] | None = None,
                  claim: Callable[[int], int | None] | None = None,
                  generation: int = 0,
-                 begin: Callable[[int], None] | None = None) -> None:
+                 begin: Callable[[int], bool | None] | None = None) -> None:
         self.on_commit = on_commit
         self.output_dir = Path(output_dir) if output_dir else None
         self.between_batches = between_batches
@@ -204,8 +205,9 @@ class LatencySink:
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.batch_lock:
             started = time.time()
-            if self.begin is not None:
-                self.begin(batch_id)
+            if self.begin is not None and self.begin(batch_id) is False:
+                return  # never forwarded, and the query does not run again (its state
+                # for this batch is not needed)
             # Computed first, claimed then: with two generations on the same range the
             # first to finish forwards it (replan.Arbiter).
             if self.output_dir is None:

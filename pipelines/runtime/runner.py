@@ -303,14 +303,16 @@ class Runner:
 
         sc = self.spark.sparkContext
 
-        def begin(batch_id: int) -> None:
-            self.arbiter.begin(gen, batch_id)
+        def begin(batch_id: int) -> bool:
+            if not self.arbiter.begin(gen, batch_id):
+                return False
             gate = self.transfer_gate
             if gate is not None and gen.number == self.arbiter.active:
                 gate.hold()
             # foreachBatch runs on the query's stream thread: the batch's jobs, submitted
             # from here on, take this thread's pool (replan.Arbiter.pool_for).
             sc.setLocalProperty("spark.scheduler.pool", self.arbiter.pool_for(gen))
+            return True
 
         gen.sink = LatencySink(on_commit,
                                output_dir=self.run_dir / "output" if spec.keep_output
@@ -504,7 +506,10 @@ class Runner:
                 "overlap_s": round(switched_at - new_started, 2)
                 if scheme == "seamless" else 0.0,
                 "catch_up_s": round(switched_at - new_started, 2),
-                "switched_at": switched_at, "discarded_batches": self.arbiter.discarded}
+                "switched_at": switched_at, "discarded_batches": self.arbiter.discarded,
+                # Whether the new query computed the hand-over batch alone, the old one
+                # waiting for it (replan.Arbiter.begin).
+                "handed_over_alone": self.arbiter.yielded > 0}
 
     def _up_to_forwarded(self, start: int) -> tuple[int, ...]:
         """After a stop whose last forwarded batch was not committed, the new generation
