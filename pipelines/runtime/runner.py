@@ -462,6 +462,13 @@ class Runner:
         self.arbiter.propose(new, aligned=spec.graph is not None, gate=seed.gate,
                              trigger_s=spec.trigger_ms / 1000.0)
         self.spark.conf.set("spark.sql.shuffle.partitions", str(new.key_groups))
+        if seed.gate is not None:
+            # Started in the old query's idle time too: a query's start (its analysis
+            # and first planning on this driver, its source's Python worker) took CPU
+            # from the old query's batch when it fell inside one.
+            from pipelines.runtime.source import wait_for_forwarded
+
+            wait_for_forwarded(seed.gate, new.start)
         self._start_generation(new, spec, seed)
         new_started = time.time()
         deadline = new_started + replan.CATCH_UP_TIMEOUT_S
