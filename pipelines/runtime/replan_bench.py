@@ -50,6 +50,12 @@ REPLAN_TRIGGER_MS = 2000
 # disrupted 0 s in 5 and 8-9 s in the others (one old batch delayed past ¾ of the
 # rate, right after the new query started), mean 4.2 s; stop-and-restart 7.8 s.
 # Reading the replay in tasks of at most 2,500 records did not help (7.1 s over 7).
+# Both queries' triggers fire at the same instants, so every catch-up batch started with
+# an old one: calibrated on a faster day to a 3-s trigger (16 key groups: median batch
+# 1.6 s, with C1-only JVMs), seamless was still disrupted 3-9 s in 8 of 10 re-plans
+# (mean 3.7 s). With the new query's batches taking turns with the old one's and the
+# hand-over batch left to it (``replan.Arbiter.begin``): 3-4 s in 4 of 10 (mean 1.3 s),
+# the rest from a replay or catch-up batch running past the old one's idle time.
 BUSY_MAX = 0.7
 BUSY_AIM = 0.6  # a lengthened trigger aims here (a batch's cost grows with its input)
 CALIBRATION_TRIES = 4
