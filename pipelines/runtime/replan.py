@@ -24,7 +24,8 @@ count needs a new query with a new checkpoint):
   started with every batch of the old one and stretched it (NEXMark Q5: 1.5 s to
   2.5 s). On such a trigger, each batch of the new query is planned only once the old
   one has written its batch of the interval (``source.wait_for_forwarded``), until it
-  reaches the forwarded end: the hand-over batch is computed beside the old one's.
+  reaches the forwarded end; the hand-over batch after that is left to it, the old query
+  waiting for it (``Arbiter.begin``) rather than computing the same range beside it.
 * **Adaptive merging (§7.2).** The output arbiter (:class:`Arbiter`) forwards each
   source range exactly once: a batch is claimed once computed, and the range that
   starts where the forwarded output ends goes to the generation that finishes it first

@@ -264,7 +264,8 @@ def wait_for_forwarded(gate: Path, begin: int) -> float:
     query has written its batch of the current interval, at most until the next trigger
     instant (an overloaded query's batch may run past it). No wait without the file (the
     generation forwards, or the re-plan ended), nor once ``begin`` reaches the forwarded
-    end: that batch is the hand-over, computed beside the old query's (Gloss §7.2)."""
+    end: that batch is the hand-over, which the old query leaves to this one
+    (``replan.Arbiter.begin``; Gloss §7.2)."""
     waited_from = time.time()
     deadline: float | None = None
     while True:
