@@ -275,6 +275,15 @@ def request_replan(run: Run, key_groups: int, scheme: str, user: Any) -> None:
                                   f"({scheme})")
 
 
+def request_plan(run: Run, plan: dict[str, Any], user: Any) -> None:
+    """Run the pipeline's Python operators as ``plan``'s processing elements (the plan
+    optimiser's proposal, ``pipelines.plans``), by a seamless live re-plan."""
+    pes = " | ".join(" -> ".join(pe) for pe in plan["pes"])
+    request_reconfiguration(run, "replan", {"key_groups": run.key_groups or 8,
+                                            "scheme": "seamless", "plan": plan}, user,
+                            f"re-plan to {len(plan['pes'])} PE(s): {pes}")
+
+
 def request_frequency(run: Run, ghz: float, user: Any) -> None:
     request_reconfiguration(run, "set_frequency", {"ghz": ghz}, user,
                             f"set CPU frequency to {ghz:g} GHz")

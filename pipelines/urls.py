@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<int:pk>/rebalance/", views.run_rebalance, name="run-rebalance"),
     path("runs/<int:pk>/frequency/", views.run_frequency, name="run-frequency"),
     path("runs/<int:pk>/replan/", views.run_replan, name="run-replan"),
+    path("runs/<int:pk>/plan/", views.run_plan, name="run-plan"),
     path("runs/<int:pk>/move-groups/", views.run_move_groups, name="run-move-groups"),
     path("runs/<int:pk>/dry-run/", views.run_dry_run, name="run-dry-run"),
     path("runs/<int:pk>/verify/", views.run_verify, name="run-verify"),

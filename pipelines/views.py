@@ -6,6 +6,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -104,6 +105,9 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
                                     executors=actions.current_executors(run)),
         "replan_form": ReplanForm(initial={"key_groups": run.key_groups or 8}),
         "replan_refusal": replan_refusal(run),
+        "has_python_operators": any(n.get("type") == "python" for n in
+                                    run.pipeline_version.definition.get("nodes", [])
+                                    if isinstance(n, dict)),
         "frequency_form": FrequencyForm(choices=run.frequencies, initial={
             "ghz": run.frequency_ghz or (max(run.frequencies) if run.frequencies else None)})})
 
@@ -237,6 +241,69 @@ def run_replan(request: HttpRequest, pk: int) -> HttpResponse:
                 f"({data['scheme']}).")
 
     return _reconfigure(request, run, ReplanForm(request.POST), "it can be re-planned", act)
+
+
+@login_required
+@permission_required("pipelines.view_run", raise_exception=True)
+def run_plan(request: HttpRequest, pk: int) -> HttpResponse:
+    """"Optimise plan": the measured profile on the DAG, the current plan beside COLA's
+    proposal and the baselines; a POST applies a plan by a seamless re-plan."""
+    import json
+
+    from pipelines import plans
+
+    run = get_object_or_404(Run.objects.select_related("pipeline_version"), pk=pk)
+    if request.method == "POST":
+        if not request.user.has_perm("pipelines.change_run"):
+            raise PermissionDenied
+        return _apply_plan(request, run)
+    page = plans.plan_page(run)
+    context: dict[str, Any] = {"run": run, "page": page}
+    if not page.refusal:
+        assert page.measured is not None and page.proposed is not None
+        titles = {"current": "Current", "cola": "Proposed (COLA)", "fuse-all": "Fuse all",
+                  "none": "One PE per operator", "greedy-merge": "Greedy merging"}
+        rows = [("current", page.current)] + list(page.proposals.items())
+        context.update(
+            dag=page.picture, crossing_ns=page.measured.crossing_s_per_byte * 1e9,
+            crossing_ms=page.measured.crossing_s_per_task * 1e3,
+            nodes=[{"node": n, "facts": page.node_facts.get(n.id)}
+                   for n in page.picture.nodes],
+            rows=[{"key": k, "title": titles[k], "p": p, "mb_s": p.crossing_bytes_per_s / 1e6,
+                   "pes_json": json.dumps([list(pe) for pe in p.pes])}
+                  for k, p in rows if p is not None],
+            proposed_json=json.dumps({"pes": [list(pe) for pe in page.proposed.pes],
+                                      "partitions": page.proposed.partitions}))
+    return render(request, "pipelines/run_plan.html", context)
+
+
+def _apply_plan(request: HttpRequest, run: Run) -> HttpResponse:
+    import json
+
+    from pipelines.runtime import dataflow
+
+    if run.status != "running":
+        messages.error(request, f"Run {run.pk} is {run.status}; its plan changes only while "
+                                "it is running.")
+        return redirect("run-plan", pk=run.pk)
+    try:
+        doc = json.loads(request.POST.get("plan") or "")
+        spec = pdef.validate(run.pipeline_version.definition)
+        if spec.graph is None or spec.pe_plan is None:
+            raise pdef.DefinitionError("", "the pipeline has no Python operator")
+        # The pipeline's constraints stay; the PEs and partitions are the new ones.
+        plan = dataflow.validate_plan({**spec.pe_plan.as_dict(), **doc,
+                                       "colocate": [list(p) for p in spec.pe_plan.colocate],
+                                       "exlocate": [list(p) for p in spec.pe_plan.exlocate]},
+                                      spec.graph)
+    except (ValueError, TypeError, pdef.DefinitionError, dataflow.GraphError) as exc:
+        messages.error(request, f"Run {run.pk}: not a plan for this pipeline: {exc}")
+        return redirect("run-plan", pk=run.pk)
+    actions.request_plan(run, plan.as_dict(), request.user)
+    messages.success(request, f"Asked run {run.pk} to run {len(plan.pes)} PE(s) over "
+                              f"{plan.partitions or spec.partitions} partition(s) "
+                              "(seamless re-plan).")
+    return redirect("run-detail", pk=run.pk)
 
 
 @run_command

@@ -274,3 +274,76 @@ def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
         assert badge.startswith("OK"), verification
     finally:
         stop_and_wait(run.pk, operator)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_optimise_plan_shows_both_plans_and_applies_colas_live(
+        live_stack, operator, browser) -> None:
+    """Issue 16's browser acceptance: on a running pipeline of six Python operators,
+    "Optimise plan" shows the measured profile on the DAG and the current plan beside
+    COLA's; applying it re-plans the query live, the DAG then shows the new PEs, and the
+    exactly-once check of the whole run says OK."""
+    from control.models import Policy
+    from pipelines import actions
+    from pipelines.models import Pipeline, Run
+    from pipelines.runtime import pyops
+    from tests.conftest import wait_for
+
+    doc = pyops.hft_split_definition(1500)
+    doc["trigger_ms"] = 1000
+    pipeline = actions.save_pipeline(Pipeline(name="plan-pipeline", definition=doc), operator)
+    policy = Policy.objects.create(name="plan-policy", latency_bound_ms=10000,
+                                   power_budget_w=40, min_workers=1, initial_workers=2,
+                                   max_workers=2)
+    run = actions.create_run(pipeline, policy, operator)
+    base = live_stack.base_url
+    log_in(browser, base, "operator", "op-pass-123")
+    browser.get(f"{base}/runs/{run.pk}/")
+    wait = WebDriverWait(browser, 240, poll_frequency=1,
+                         ignored_exceptions=(StaleElementReferenceException,
+                                             NoSuchElementException))
+
+    def plan_page_ready(d) -> bool:
+        d.get(f"{base}/runs/{run.pk}/plan/")
+        return bool(d.find_elements(By.ID, "plan-compare"))
+
+    try:
+        wait.until(lambda d: d.execute_script("return window.__streamwise.points") >= 8)
+        browser.find_element(By.ID, "optimise-plan").click()
+        wait.until(plan_page_ready)
+        current = json.loads(browser.find_element(By.ID, "plan-current")
+                             .get_attribute("data-pes"))
+        proposed = json.loads(browser.find_element(By.ID, "plan-cola")
+                              .get_attribute("data-pes"))
+        assert current == [[s] for s in pyops.HFT_STEPS]
+        assert len(proposed) < len(current)
+        nodes = {n.get_attribute("data-node"): n for n in
+                 browser.find_elements(By.CSS_SELECTOR, "#plan-dag .plan-node[data-pe]")}
+        assert set(nodes) == set(pyops.HFT_STEPS)
+        assert all(float(n.get_attribute("data-cpu-us")) > 0 for n in nodes.values())
+        assert "measured" in browser.find_element(By.ID, "plan-summary").text
+        browser.save_screenshot(str(Path(live_stack.logs) / "browser-plan.png"))
+        browser.find_element(By.ID, "apply-plan").click()
+        wait_for(lambda: Run.objects.get(pk=run.pk).events.filter(
+            kind="runner:replan_done").exists(), 600, "the re-plan to COLA's plan")
+        requested = [e for e in Run.objects.get(pk=run.pk).events.filter(
+            kind="reconfigure_requested") if e.payload.get("command") == "replan"]
+        assert [e.actor for e in requested] == ["user:operator"]
+        assert requested[0].payload["plan"]["pes"] == proposed
+        # The page now draws the new PEs (once the new plan has a profile of its own).
+        WebDriverWait(browser, 240, poll_frequency=2).until(
+            lambda d: plan_page_ready(d) and json.loads(
+                d.find_element(By.ID, "plan-current").get_attribute("data-pes")) == proposed)
+        pes = {n.get_attribute("data-node"): int(n.get_attribute("data-pe")) for n in
+               browser.find_elements(By.CSS_SELECTOR, "#plan-dag .plan-node[data-pe]")}
+        assert len(set(pes.values())) == len(proposed)
+        assert browser.find_element(By.ID, "apply-plan").get_attribute("disabled")
+        browser.get(f"{base}/runs/{run.pk}/")
+        browser.find_element(By.ID, "stop-run").click()
+        wait_for(lambda: Run.objects.get(pk=run.pk).is_terminal, 120, "the run to stop")
+        browser.get(f"{base}/runs/{run.pk}/")
+        browser.find_element(By.ID, "verify-run").click()
+        verification = wait_for(lambda: _verdict(run.pk), 300, "the exactly-once check")
+        assert verification.get("state") == "done" and verification.get("ok"), verification
+    finally:
+        stop_and_wait(run.pk, operator)

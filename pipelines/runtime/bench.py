@@ -3,6 +3,7 @@
     python -m pipelines.runtime.bench migration [--keys 250000,1000000,4000000] ...
     python -m pipelines.runtime.bench scale [--keys 1000000] ...
     python -m pipelines.runtime.bench replan [--keys 1000000] [--reconfigs 10] ...
+    python -m pipelines.runtime.bench plan [--reps 3] [--pipelines hft6,nexmark5]
 
 ``migration`` (the protocol of Megaphone, Hoffmann et al., VLDB 2019, §5.3, on Spark):
 per state size, a keyed count over uniform keys on 2 executors and G key groups is
@@ -262,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM ends the benchmark like Ctrl-C: its runners and cluster are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(prog="python -m pipelines.runtime.bench")
-    ap.add_argument("command", choices=["migration", "scale", "closed-loop", "replan"])
+    ap.add_argument("command", choices=["migration", "scale", "closed-loop", "replan",
+                                        "plan"])
     ap.add_argument("--keys", default=None, help="comma-separated key counts (state sizes)")
     ap.add_argument("--rate", type=float, default=2000.0, help="steady records/s")
     ap.add_argument("--groups", type=int, default=16, help="key groups G")
@@ -303,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replay-in", default="auto", choices=replan.REPLAY_IN,
                     help="replan --nexmark: where a seamless re-plan replays the query's "
                          "state horizon (auto: in the application when short)")
+    ap.add_argument("--reps", type=int, default=3, help="plan: repetitions per plan")
+    ap.add_argument("--pipelines", default="hft6,nexmark5",
+                    help="plan: comma-separated pipelines (hft6, nexmark5)")
     ap.add_argument("--capacity", type=float, default=None,
                     help="closed-loop: one worker's records/s (default: calibrate)")
     args = ap.parse_args(argv)
@@ -341,6 +346,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--loop-seconds needs four whole numbers")
         if not 2 <= args.groups <= 256 or args.rate <= 0 or min(keys) < 1 or args.steady < 2:
             raise ValueError("need 2 <= groups <= 256, rate > 0, keys >= 1, steady >= 2")
+        if args.command == "plan":
+            from pipelines.runtime.plan_bench import check_args
+
+            plan_pipelines = check_args([p.strip() for p in args.pipelines.split(",")
+                                         if p.strip()])
+            if args.reps < 1:
+                raise ValueError("--reps must be >= 1")
         if args.capacity is not None and (args.capacity <= 0 or not args.bound_ms):
             raise ValueError("--capacity needs --bound-ms too (the default bound comes from "
                              "the calibration's batch overhead), and must be > 0")
@@ -360,6 +372,11 @@ def main(argv: list[str] | None = None) -> int:
                                 args.executor_memory) for k in keys]}
         elif args.command == "closed-loop":
             result = bench_closed_loop(info.master_url, work, args)
+        elif args.command == "plan":
+            from pipelines.runtime.plan_bench import bench_plan
+
+            result = bench_plan(info.master_url, work, args.redis_url, args.reps,
+                                plan_pipelines)
         elif args.command == "replan":
             from pipelines.runtime.replan_bench import bench_replan
 

@@ -13,8 +13,9 @@ A dataflow definition lists ``nodes``; each names its ``input`` (or ``left`` and
      "key_groups": 8}
 
 Node types: sources ``generator`` (the keyed record generator) and ``nexmark`` (Beam's
-NEXMark events, ``pipelines.nexmark``); stateless ``filter`` (``where``) and ``project``
-(``columns``: name -> expression); stateful ``keyed_aggregate`` (no window; the query
+NEXMark events, ``pipelines.nexmark``); stateless ``filter`` (``where``), ``project``
+(``columns``: name -> expression) and ``python`` (a named pandas operator of
+``pyops.py``; the definition's ``plan`` groups them into processing elements); stateful ``keyed_aggregate`` (no window; the query
 then runs in update mode), ``window_aggregate`` (tumbling, sliding or session windows
 on event time), ``window_top`` (per window, the rows at the highest value of a column,
 ties kept), ``join`` (stream–stream inner join on keys, bounded in event time by an
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SOURCE_TYPES = ("generator", "nexmark")
-STATELESS_TYPES = ("filter", "project")
+STATELESS_TYPES = ("filter", "project", "python")
 STATEFUL_TYPES = ("keyed_aggregate", "window_aggregate", "window_top", "join", "moving_mean")
 NODE_TYPES = SOURCE_TYPES + STATELESS_TYPES + STATEFUL_TYPES + ("sink",)
 AGGREGATES = ("count", "sum", "min", "max", "mean", "max_by")
@@ -571,7 +572,35 @@ def _sink(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str,
     return {"keep_output": keep}, dict(inputs[0].columns)
 
 
+def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    """A Python operator of the catalogue (``pyops.py``), by name, with its integer
+    parameters; it keeps its input's columns and appends its own."""
+    from pipelines.runtime import pyops
+
+    _allowed(doc, path, {"id", "type", "input", "function", "params"})
+    name = doc.get("function")
+    if name not in pyops.OPERATORS:
+        raise GraphError(f"{path}.function", f"{json.dumps(name)} is not one of: "
+                                             f"{', '.join(pyops.OPERATORS)}")
+    op = pyops.OPERATORS[name]
+    src = inputs[0].columns
+    missing = [c for c in op.needs if c not in src]
+    if missing:
+        raise GraphError(f"{path}.input", f"{name} reads {', '.join(missing)}, which "
+                                          f"{inputs[0].id} does not carry (columns: "
+                                          f"{', '.join(sorted(src))})")
+    if "window" in src:
+        raise GraphError(f"{path}.input", "a Python operator takes rows, not a window's "
+                                          "results")
+    raw = _obj(doc.get("params", {}), f"{path}.params")
+    _allowed(raw, f"{path}.params", set(op.params))
+    params = {k: _int(raw, k, f"{path}.params", lo, hi, default)
+              for k, (default, lo, hi) in op.params.items()}
+    return {"function": name, "params": params}, pyops.output_columns(op, src)
+
+
 BUILDERS: dict[str, NodeBuilder] = {
+    "python": _python,
     "filter": _filter, "project": _project, "keyed_aggregate": _keyed_aggregate,
     "window_aggregate": _window_aggregate, "window_top": _window_top, "join": _join,
     "moving_mean": _moving_mean, "sink": _sink,
@@ -730,6 +759,8 @@ def node_label(node_type: str, params: dict[str, Any]) -> str:
         text = on + (" within" if "within" in params else " same window")
     elif node_type == "keyed_aggregate":
         text = f"by {', '.join(params.get('key', []))}"
+    elif node_type == "python":
+        text = str(params.get("function", ""))
     elif node_type == "moving_mean":
         text = f"last {params.get('last')} {params.get('value')} by {', '.join(params.get('key', []))}"
     elif node_type in SOURCE_TYPES:
@@ -766,3 +797,112 @@ def picture(nodes: list[tuple[str, str, str, tuple[str, ...]]]) -> Picture:
 def graph_picture(graph: Graph) -> Picture:
     return picture([(n.id, n.type, node_label(n.type, n.params), n.inputs)
                     for n in graph.nodes])
+
+
+# ------------------------------------------------------------ processing elements
+MAX_PARTITIONS = 256
+
+
+@dataclass(frozen=True)
+class PePlan:
+    """How a dataflow pipeline's Python operators run (COLA's processing elements,
+    ``pyops.py``): each PE is a chain of ``python`` nodes executed in one
+    ``mapInPandas``; ``partitions`` (0: the source's) is the parallelism of their
+    stages — a repartition in front of the first PE when it exceeds the source's.
+    ``colocate``/``exlocate``: operator pairs that must share a PE or stay apart
+    (COLA §3.1, PE colocation and exlocation), which the optimiser honours."""
+
+    pes: tuple[tuple[str, ...], ...]
+    partitions: int = 0
+    colocate: tuple[tuple[str, str], ...] = ()
+    exlocate: tuple[tuple[str, str], ...] = ()
+
+    def pe_of(self, node_id: str) -> int:
+        return next(i for i, pe in enumerate(self.pes) if node_id in pe)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pes": [list(pe) for pe in self.pes]}
+        if self.partitions:
+            out["partitions"] = self.partitions
+        if self.colocate:
+            out["colocate"] = [list(p) for p in self.colocate]
+        if self.exlocate:
+            out["exlocate"] = [list(p) for p in self.exlocate]
+        return out
+
+
+def python_chain_breaks(graph: Graph, first: str, second: str) -> str | None:
+    """Why ``second`` cannot follow ``first`` inside one PE, or None."""
+    node = graph.node(second)
+    if node.type != "python" or node.inputs != (first,):
+        return f"{second} does not read {first}"
+    readers = [n.id for n in graph.nodes if first in n.inputs]
+    if readers != [second]:
+        return f"{first}'s rows also go to {', '.join(r for r in readers if r != second)}"
+    return None
+
+
+def default_pes(graph: Graph) -> tuple[tuple[str, ...], ...]:
+    """One PE per Python operator: what compiling each operator on its own gives."""
+    return tuple((n.id,) for n in graph.nodes if n.type == "python")
+
+
+def validate_plan(doc: Any, graph: Graph, path: str = "plan") -> PePlan:
+    """The definition's ``plan`` (optional) against its graph."""
+    python = [n.id for n in graph.nodes if n.type == "python"]
+    if doc is None:
+        return PePlan(default_pes(graph))
+    doc = _obj(doc, path)
+    _allowed(doc, path, {"pes", "partitions", "colocate", "exlocate"})
+    pairs: dict[str, tuple[tuple[str, str], ...]] = {}
+    for kind in ("colocate", "exlocate"):
+        raw = doc.get(kind, [])
+        if not isinstance(raw, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+                for p in raw):
+            raise GraphError(f"{path}.{kind}", "must be a list of [operator, operator] "
+                                               "pairs")
+        for i, (a, b) in enumerate(raw):
+            for x in (a, b):
+                if x not in python:
+                    raise GraphError(f"{path}.{kind}[{i}]", f"{x!r} is not a python node "
+                                     f"(python nodes: {', '.join(python) or 'none'})")
+            if a == b:
+                raise GraphError(f"{path}.{kind}[{i}]", "names the same operator twice")
+        pairs[kind] = tuple((a, b) for a, b in raw)
+    partitions = _int(doc, "partitions", path, 0, MAX_PARTITIONS, default=0)
+    raw_pes = doc.get("pes")
+    if raw_pes is None:
+        pes = default_pes(graph)
+    else:
+        if not isinstance(raw_pes, list) or not all(
+                isinstance(pe, list) and pe and all(isinstance(x, str) for x in pe)
+                for pe in raw_pes):
+            raise GraphError(f"{path}.pes", "must be a list of PEs, each a non-empty list "
+                                            "of python node ids")
+        seen: set[str] = set()
+        for i, pe in enumerate(raw_pes):
+            for x in pe:
+                if x not in python:
+                    raise GraphError(f"{path}.pes[{i}]", f"{x!r} is not a python node "
+                                     f"(python nodes: {', '.join(python) or 'none'})")
+                if x in seen:
+                    raise GraphError(f"{path}.pes[{i}]", f"{x!r} is in two PEs")
+                seen.add(x)
+            for a, b in zip(pe, pe[1:]):
+                why = python_chain_breaks(graph, a, b)
+                if why:
+                    raise GraphError(f"{path}.pes[{i}]", f"a PE is a chain run in one "
+                                     f"mapInPandas, in order: {why}")
+        missing = [x for x in python if x not in seen]
+        if missing:
+            raise GraphError(f"{path}.pes", f"{', '.join(missing)} is in no PE")
+        pes = tuple(tuple(pe) for pe in raw_pes)
+    plan = PePlan(pes, partitions, pairs["colocate"], pairs["exlocate"])
+    for a, b in plan.colocate:
+        if plan.pe_of(a) != plan.pe_of(b):
+            raise GraphError(f"{path}.pes", f"{a} and {b} must share a PE (colocate)")
+    for a, b in plan.exlocate:
+        if plan.pe_of(a) == plan.pe_of(b):
+            raise GraphError(f"{path}.pes", f"{a} and {b} must not share a PE (exlocate)")
+    return plan

@@ -168,6 +168,49 @@ def _join(left: DataFrame, right: DataFrame, node: dataflow.Node,
     return joined.select(*out)
 
 
+_SPARK_TYPES = {"long": "bigint", "double": "double", "string": "string",
+                "timestamp": "timestamp", "boolean": "boolean"}
+
+
+def pe_name(pe: tuple[str, ...]) -> str:
+    return "+".join(pe)
+
+
+def profile_dir(plan_dir: Path) -> Path:
+    """Where a run's PEs write their per-worker profiles (``pyops.PeProfiler``)."""
+    return plan_dir.parent / "pe-profile"
+
+
+def _processing_element(df: DataFrame, node: dataflow.Node, graph: dataflow.Graph,
+                        spec: definition.PipelineSpec, plan_dir: Path,
+                        frames: dict[str, DataFrame]) -> DataFrame:
+    """``node``'s PE as one ``mapInPandas`` when ``node`` is its first operator; a later
+    operator of a PE is computed by the first's (its frame is the PE's output)."""
+    from pipelines.runtime import pyops
+
+    plan = spec.pe_plan or dataflow.PePlan(dataflow.default_pes(graph))
+    pe = plan.pes[plan.pe_of(node.id)]
+    if pe[0] != node.id:
+        return frames[node.id]  # set when the PE's first operator was built
+    last = graph.node(pe[-1])
+    steps = [pyops.PeStep(n, graph.node(n).params["function"], graph.node(n).params["params"])
+             for n in pe]
+    schema = ", ".join(f"`{c}` {_SPARK_TYPES[t]}" for c, t in last.columns.items())
+    if plan.partitions > spec.partitions and graph.node(node.inputs[0]).type != "python":
+        # Data enters Python here: spread it over more tasks than the source has
+        # (COLA's placement onto more hosts; a round-robin shuffle of the narrow rows).
+        df = df.repartition(plan.partitions)
+    where, name = str(profile_dir(plan_dir)), pe_name(pe)
+
+    def run(batches: Any) -> Any:
+        return pyops.run_pe(batches, steps, pyops.PeProfiler(where, name, steps))
+
+    out = df.mapInPandas(run, schema)
+    for n in pe[1:]:
+        frames[n] = out
+    return out
+
+
 def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
                    plan_dir: Path | None = None, start: int = 0,
                    first_ends: tuple[int, ...] = (),
@@ -208,6 +251,8 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
                 exprs.append(F.timestamp_millis(_expr(p["event_time"], inputs[0].columns)
                                                 .cast("long")).alias("event_time"))
             df = ins[0].select(*exprs, *[F.col(c) for c in carried])
+        elif node.type == "python":
+            df = _processing_element(ins[0], node, graph, spec, plan_dir, frames)
         elif node.type == "keyed_aggregate":
             aggs = [_aggregate(n, *spec) for n, spec in p["aggregates"].items()]
             df = ins[0].groupBy(*p["key"]).agg(*aggs)

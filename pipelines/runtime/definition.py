@@ -92,6 +92,8 @@ class PipelineSpec:
     nexmark: dict[str, Any] = field(default_factory=dict)  # NexmarkConfig overrides
     watermark_s: int = 0
     reference: str | None = None  # e.g. "nexmark:Q3": what the verifier compares with
+    # A dataflow pipeline's Python operators grouped into processing elements.
+    pe_plan: dataflow.PePlan | None = field(default=None, compare=False)
 
     @property
     def stateful(self) -> OperatorSpec:
@@ -380,9 +382,10 @@ def _validate_source_node(src: dict[str, Any], path: str) -> dict[str, Any]:
 
 def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
     _allowed(doc, "", {"nodes", "key_groups", "trigger_ms", "max_records_per_batch",
-                       "state_store", "reference"})
+                       "state_store", "reference", "plan"})
     try:
         graph = dataflow.validate_graph(doc["nodes"], _validate_source_node)
+        pe_plan = dataflow.validate_plan(doc.get("plan"), graph)
     except dataflow.GraphError as exc:
         raise DefinitionError(exc.path, exc.message) from None
     source = graph.source.params
@@ -401,6 +404,8 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
                               "transformWithStateInPandas operator) needs the rocksdb "
                               "state store")
     clean = {"nodes": doc["nodes"], **options}
+    if "plan" in doc:
+        clean["plan"] = pe_plan.as_dict()
     if reference is not None:
         clean["reference"] = reference
     return PipelineSpec(seed=source["seed"], partitions=source["partitions"],
@@ -409,7 +414,8 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
                         operators=(), sink={"type": "latency", "keep_output": keep_output},
                         **options, keep_output=keep_output, raw=clean, graph=graph,
                         source_type=graph.source.type, nexmark=source.get("nexmark", {}),
-                        watermark_s=source["watermark_s"], reference=reference)
+                        watermark_s=source["watermark_s"], reference=reference,
+                        pe_plan=pe_plan)
 
 
 def validate(doc: Any) -> PipelineSpec:

@@ -264,6 +264,7 @@ class Runner:
         assert checkpoint == self.generation.checkpoint
         self._start_generation(self.generation, self.spec)
         self.generation.adopted = True
+        self._write_pe_plan(self.spec, self.generation)
         self.query = self.generation.query
         self.sink = self.generation.sink
         self.coord = placement.StateStoreCoordinatorView(
@@ -348,9 +349,13 @@ class Runner:
             return False, refusal, {}
         try:
             groups = int(args.get("key_groups", self.spec.key_groups))
-            new_spec = definition.validate({**self.spec.raw, "key_groups": groups})
+            doc = {**self.spec.raw, "key_groups": groups}
+            if args.get("plan") is not None:  # a new grouping of the Python operators
+                doc["plan"] = args["plan"]
+            new_spec = definition.validate(doc)
         except (TypeError, ValueError) as exc:
-            return False, f"key_groups: {exc}", {}
+            return False, f"{'plan' if args.get('plan') is not None else 'key_groups'}: "\
+                f"{exc}", {}
         old = self.generation
         if replan.last_committed(old.checkpoint) is None:
             return False, "the query has not committed a batch yet: nothing to hand over", {}
@@ -395,8 +400,12 @@ class Runner:
         summary = {"scheme": scheme, "generation": number, "from_groups": old.key_groups,
                    "to_groups": groups, "requested_at": t_request, **facts,
                    **measured.as_dict()}
+        if new_spec.pe_plan is not None and args.get("plan") is not None:
+            summary["plan"] = new_spec.pe_plan.as_dict()
         self.bus.publish_event(RunnerEvent.REPLAN_DONE, **summary)
-        message = (f"re-planned {old.key_groups} -> {groups} key groups ({scheme}): "
+        what = (f"{len(new_spec.pe_plan.pes)} PE(s)" if "plan" in summary and new_spec.pe_plan
+                else f"{old.key_groups} -> {groups} key groups")
+        message = (f"re-planned {what} ({scheme}): "
                    f"downtime {measured.downtime_s} s, disrupted {measured.disrupted_s} s, "
                    f"overlap {facts['overlap_s']:.1f} s")
         return True, message, summary
@@ -633,9 +642,20 @@ class Runner:
             result.update(gated_s=round(gate.held_s, 1), gate_holds=gate.holds)
         return result
 
+    def _write_pe_plan(self, spec: definition.PipelineSpec, gen: replan.Generation) -> None:
+        """The Python operators' PEs the forwarding query runs (``pe-plan.json``, read by
+        the run's "Optimise plan" page with the profile its PEs write beside it)."""
+        if spec.pe_plan is None or not spec.pe_plan.pes:
+            return
+        doc = {"generation": gen.number, "since": time.time(), **spec.pe_plan.as_dict()}
+        tmp = self.run_dir / "pe-plan.json.tmp"
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.run_dir / "pe-plan.json")
+
     def _adopt(self, new: replan.Generation, spec: definition.PipelineSpec) -> None:
         """The new generation is the run's query: placement, metrics and commands act
         on it from its next batch."""
+        self._write_pe_plan(spec, new)
         self.routing.abort("the query was re-planned")
         routing = elastic.RoutingTable(spec.key_groups)
         self.metrics.adopt(spec, routing, new.checkpoint)

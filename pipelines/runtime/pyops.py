@@ -1,0 +1,432 @@
+"""Python operators: named pandas functions a dataflow pipeline chains (node type
+``python``), and the processing elements (PEs) that run them in Spark.
+
+A definition cannot carry code, so a ``python`` node names an operator of this
+catalogue (``{"id": "fit", "type": "python", "input": "bucket", "function":
+"quote_fit", "params": {"ticks": 192}}``). Every operator is row-wise and
+deterministic: its new columns depend only on the row, so a pipeline's output does not
+depend on how its operators are grouped or partitioned — the property that lets a plan
+change live (``replan.py``) under the exactly-once verifier. Each operator keeps its
+input columns and appends (or replaces) the columns it declares, in the frame it is
+given (no copy of the batch per operator; a caller that needs its input keeps a copy).
+
+A **processing element** (COLA, Khandekar et al. §2.1) is a chain of these operators run
+in one JVM↔Python crossing: one ``mapInPandas`` whose function calls them in turn
+(:func:`run_pe`). Streams inside a PE are function calls; every PE boundary costs an
+Arrow serialisation in one Python worker, a JVM hop and a deserialisation in the next.
+:func:`run_pe` times each operator (the worker process's CPU during the call, so that
+BLAS threads count) and the PE's whole run (the process's CPU between batches, which also
+holds the crossing's Arrow conversions) per Arrow batch, and appends the sums to a
+profile file per worker process (``planopt.read_profile`` reads them).
+
+The two operator sets:
+
+* ``quote_*``: the thesis' HFT kernel (De Matteis, thesis §7.1) split into six steps of
+  uneven cost over the generator's quotes — parse, enrich, bucket, fit, score, format.
+  ``quote_fit`` is the heavy one: per quote, a least-squares polynomial over ``ticks``
+  prices reconstructed from the quote (the kernel fits its window's 1-ms averages; a
+  row-wise fit keeps the output independent of batch boundaries).
+* ``bid_*``: NEXMark bids (Beam's ``Bid``: auction, bidder, price, dateTime, extra):
+  Query 1's currency conversion (``price * 89 / 100``, Beam ``Query1``), then parsing
+  the ``extra`` field, a price band, a fraud score and a formatted record.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+Columns = dict[str, str]
+
+
+@dataclass(frozen=True)
+class PyOperator:
+    name: str
+    needs: tuple[str, ...]  # input columns it reads
+    adds: Columns  # columns it appends (name -> dataflow type)
+    fn: Callable[[pd.DataFrame, dict[str, Any]], pd.DataFrame]
+    params: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # default, lo, hi
+    doc: str = ""
+
+
+# ---------------------------------------------------------------- HFT kernel steps
+_TABLE = np.random.default_rng(20161).uniform(50.0, 150.0, 4096)  # reference prices
+
+
+def _quote_parse(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    # The quote as the exchange's wire text ("symbol|price|sequence", rebuilt from the
+    # record: the generator emits numbers), decoded field by field, row by row — the
+    # per-record Python work a feed handler does.
+    price, size, side = [], [], []
+    for k, v, q in zip(df["key"].tolist(), df["value"].tolist(), df["seq"].tolist()):
+        fields = f"{k}|{v:.4f}|{q}".split("|")
+        ticks = round(float(fields[1]) * 100.0)
+        price.append(ticks / 100.0)
+        n = int(fields[2])
+        size.append((n * 2654435761) % 997 + 1)
+        side.append(n % 2)
+    df["price"] = np.asarray(price, dtype=np.float64)
+    df["size"] = np.asarray(size, dtype=np.int64)
+    df["side"] = np.asarray(side, dtype=np.int64)
+    return df
+
+
+_SYMBOLS = {k: ((k * 31) % 11, float(_TABLE[k % len(_TABLE)]), 0.05 if k % 3 == 0 else 0.01)
+            for k in range(4096)}
+
+
+def _quote_enrich(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    # A look-up per quote in the symbol table (a dict, as reference data is held).
+    rows = [_SYMBOLS[k % 4096] for k in df["key"].tolist()]
+    df["sector"] = np.fromiter((r[0] for r in rows), np.int64, len(rows))
+    df["ref_price"] = np.fromiter((r[1] for r in rows), np.float64, len(rows))
+    df["tick"] = np.fromiter((r[2] for r in rows), np.float64, len(rows))
+    return df
+
+
+def _quote_bucket(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    # The quote's 1-ms resolution interval (the kernel averages prices per interval),
+    # its minute of the UTC day, and its notional.
+    bucket, minute = [], []
+    for ts in df["emit_ts"].tolist():
+        ms = math.floor(ts * 1000.0)
+        bucket.append(ms)
+        minute.append((ms // 60_000) % 1440)
+    df["bucket_ms"] = np.asarray(bucket, dtype=np.int64)
+    df["minute"] = np.asarray(minute, dtype=np.int64)
+    df["notional"] = df["price"].to_numpy(np.float64) * df["size"].to_numpy()
+    return df
+
+
+def _fit_basis(ticks: int, degree: int) -> np.ndarray:
+    x = np.linspace(-1.0, 1.0, ticks)
+    return np.linalg.pinv(np.vander(x, degree + 1))  # (degree+1, ticks)
+
+
+def _quote_fit(df: pd.DataFrame, p: dict[str, Any]) -> pd.DataFrame:
+    ticks = int(p.get("ticks", 128))
+    seq = df["seq"].to_numpy(np.int64).astype(np.float64)
+    price = df["price"].to_numpy(np.float64)
+    t = np.arange(ticks, dtype=np.float64)
+    out_slope = np.empty(len(df))
+    out_curve = np.empty(len(df))
+    step = 256  # (rows x ticks) doubles per slice: a few hundred KB, inside a core's cache
+    basis = _fit_basis(ticks, 2)
+    for a in range(0, len(df), step):
+        b = min(a + step, len(df))
+        path = price[a:b, None] * (1.0 + 0.001 * np.sin(seq[a:b, None] * 0.618 + t * 0.37))
+        # (rows, 3), highest power first; einsum, not BLAS: one thread whatever the
+        # process (Spark runs Python workers with OMP_NUM_THREADS=1), the same sums
+        # whatever the batch split.
+        coef = np.einsum("ij,kj->ik", path, basis)
+        out_curve[a:b] = coef[:, 0]
+        out_slope[a:b] = coef[:, 1]
+    df["slope"] = out_slope
+    df["curve"] = out_curve
+    return df
+
+
+def _quote_score(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    # Per quote: how far it lies from the reference in ticks, squashed, and the trend.
+    score, signal = [], []
+    for p, ref, tick, slope, curve in zip(df["price"].tolist(), df["ref_price"].tolist(),
+                                          df["tick"].tolist(), df["slope"].tolist(),
+                                          df["curve"].tolist()):
+        dev = (p - ref) / tick
+        score.append(math.tanh(dev / 1000.0 + slope) * math.exp(-abs(curve)))
+        signal.append(0 if curve == 0 else (1 if curve > 0 else -1))
+    df["score"] = np.asarray(score, dtype=np.float64)
+    df["signal"] = np.asarray(signal, dtype=np.int64)
+    return df
+
+
+def _quote_format(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    df["message"] = [f"{k}|{p:.2f}|{c:+.4f}" for k, p, c in
+                     zip(df["key"].tolist(), df["price"].tolist(), df["score"].tolist())]
+    return df
+
+
+# ----------------------------------------------------------------- NEXMark bids
+def _bid_euro(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    # Beam Query1: price * 89 / 100 (integer division of a long).
+    df["price"] = (df["price"].fillna(0).to_numpy().astype(np.int64) * 89) // 100
+    return df
+
+
+def _bid_extra(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    # The bid's free-text field, read row by row.
+    lengths, vowels = [], []
+    for text in df["extra"].tolist():
+        text = text or ""
+        lengths.append(len(text))
+        vowels.append(sum(map(text.count, "aeiou")))
+    df["extra_len"] = np.asarray(lengths, dtype=np.int64)
+    df["extra_vowels"] = np.asarray(vowels, dtype=np.int64)
+    return df
+
+
+def _bid_band(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    price = df["price"].to_numpy(np.int64)
+    df["band"] = np.searchsorted(np.array([100, 1_000, 10_000, 100_000]), price) \
+        .astype(np.int64)
+    return df
+
+
+def _bid_fraud(df: pd.DataFrame, p: dict[str, Any]) -> pd.DataFrame:
+    ticks = int(p.get("ticks", 128))
+    bidder = df["bidder"].fillna(0).to_numpy().astype(np.float64)
+    price = df["price"].to_numpy(np.int64).astype(np.float64)
+    t = np.arange(ticks, dtype=np.float64)
+    score = np.empty(len(df))
+    for a in range(0, len(df), 256):  # slices inside a core's cache, as in quote_fit
+        b = min(a + 256, len(df))
+        walk = np.cos(bidder[a:b, None] * 0.7071 + t * 0.13) * np.log1p(price[a:b, None])
+        score[a:b] = walk.std(axis=1)
+    df["fraud"] = score
+    return df
+
+
+def _bid_format(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
+    df["message"] = [f"{a}:{b}:{p}:{f:.3f}" for a, b, p, f in
+                     zip(df["auction"].tolist(), df["bidder"].tolist(),
+                         df["price"].tolist(), df["fraud"].tolist())]
+    return df
+
+
+_FIT = {"ticks": (128, 4, 4096)}
+OPERATORS: dict[str, PyOperator] = {op.name: op for op in (
+    PyOperator("quote_parse", ("seq", "value"), {"price": "double", "size": "long",
+                                                 "side": "long"}, _quote_parse,
+               doc="a quote's price in cents, size and side"),
+    PyOperator("quote_enrich", ("key",), {"sector": "long", "ref_price": "double",
+                                          "tick": "double"}, _quote_enrich,
+               doc="the symbol's sector, reference price and tick size"),
+    PyOperator("quote_bucket", ("emit_ts", "price", "size"),
+               {"bucket_ms": "long", "minute": "long", "notional": "double"}, _quote_bucket,
+               doc="the 1-ms resolution interval, minute of the day and notional"),
+    PyOperator("quote_fit", ("seq", "price"), {"slope": "double", "curve": "double"},
+               _quote_fit, dict(_FIT), doc="a degree-2 least-squares fit over ticks prices"),
+    PyOperator("quote_score", ("price", "ref_price", "tick", "slope", "curve"),
+               {"score": "double", "signal": "long"}, _quote_score,
+               doc="a bargain score and signal"),
+    PyOperator("quote_format", ("key", "price", "score"), {"message": "string"},
+               _quote_format, doc="the quote as a text record"),
+    PyOperator("bid_euro", ("price",), {"price": "long"}, _bid_euro,
+               doc="NEXMark Q1: the bid price in euros"),
+    PyOperator("bid_extra", ("extra",), {"extra_len": "long", "extra_vowels": "long"},
+               _bid_extra, doc="parses the bid's extra field"),
+    PyOperator("bid_band", ("price",), {"band": "long"}, _bid_band,
+               doc="the bid's price band"),
+    PyOperator("bid_fraud", ("bidder", "price"), {"fraud": "double"}, _bid_fraud,
+               dict(_FIT), doc="a bidder's fraud score over ticks steps"),
+    PyOperator("bid_format", ("auction", "bidder", "price", "fraud"), {"message": "string"},
+               _bid_format, doc="the bid as a text record"),
+)}
+
+
+def output_columns(op: PyOperator, columns: Columns) -> Columns:
+    out = dict(columns)
+    out.update(op.adds)
+    return out
+
+
+# ------------------------------------------------------------- processing elements
+@dataclass(frozen=True)
+class PeStep:
+    node_id: str
+    function: str
+    params: dict[str, Any]
+
+
+def _arrow_bytes(df: pd.DataFrame) -> int:
+    """What a batch weighs in Arrow: 8 bytes a number, a string's length plus its
+    offset; strings measured on a sample of rows (exact enough for a per-record rate)."""
+    n = len(df)
+    if not n:
+        return 0
+    total = 0
+    sample = df.iloc[:256]
+    for name, dtype in df.dtypes.items():
+        if pd.api.types.is_object_dtype(dtype) or pd.api.types.is_string_dtype(dtype):
+            lengths = sample[name].map(lambda v: len(v) if isinstance(v, str) else 0)
+            total += int((float(lengths.mean()) + 4.0) * n)
+        else:
+            total += 8 * n
+    return total
+
+
+class PeProfiler:
+    """Per-operator and per-PE sums of one Python worker, flushed to a JSON-lines file
+    about once a second (``profile.py`` sums every worker's files)."""
+
+    FLUSH_S = 1.0
+
+    def __init__(self, profile_dir: str, pe: str, steps: list[PeStep]) -> None:
+        self.path = Path(profile_dir) / f"{pe}.{os.getpid()}.jsonl"
+        self.pe = pe
+        self.ops = {s.node_id: {"cpu_s": 0.0, "rows_in": 0, "rows_out": 0, "bytes_out": 0}
+                    for s in steps}
+        self.totals = {"tasks": 0, "batches": 0, "cpu_s": 0.0, "rows_in": 0, "bytes_in": 0,
+                       "rows_out": 0, "bytes_out": 0}
+        self.last_flush = time.monotonic()
+
+    def flush(self, force: bool = False) -> None:
+        if not self.totals["batches"]:
+            return
+        if not force and time.monotonic() - self.last_flush < self.FLUSH_S:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"t": time.time(), "pe": self.pe, "pid": os.getpid(), **self.totals,
+                  "ops": self.ops}
+        with open(self.path, "a") as out:
+            out.write(json.dumps(record) + "\n")
+        self.last_flush = time.monotonic()
+        for op in self.ops.values():
+            for k in op:
+                op[k] = 0
+        for k in self.totals:
+            self.totals[k] = 0
+
+
+def run_pe(batches: Iterator[pd.DataFrame], steps: list[PeStep],
+           profiler: PeProfiler | None = None) -> Iterator[pd.DataFrame]:
+    """One PE: every Arrow batch through its operators in turn (the ``mapInPandas``
+    function). The PE's CPU is the process's CPU from the first batch's arrival to the
+    last one's output (Arrow conversions included, time blocked on input excluded)."""
+    ops = [(s, OPERATORS[s.function]) for s in steps]
+    cpu_mark = time.process_time()
+    if profiler is not None:
+        profiler.totals["tasks"] += 1  # one call per task: the PE's fixed cost per task
+    for df in batches:
+        if profiler is not None:
+            profiler.totals["batches"] += 1
+            profiler.totals["rows_in"] += len(df)
+            profiler.totals["bytes_in"] += _arrow_bytes(df)
+        for step, op in ops:
+            before = time.process_time()
+            rows_in = len(df)
+            df = op.fn(df, step.params)
+            if profiler is not None:
+                acc = profiler.ops[step.node_id]
+                acc["cpu_s"] += time.process_time() - before
+                acc["rows_in"] += rows_in
+                acc["rows_out"] += len(df)
+                acc["bytes_out"] += _arrow_bytes(df)
+        if profiler is not None:
+            profiler.totals["rows_out"] += len(df)
+            profiler.totals["bytes_out"] += _arrow_bytes(df)
+        yield df
+        if profiler is not None:
+            now = time.process_time()
+            # The yield returned: the worker has serialised the output and read the
+            # next batch, so this span holds both conversions.
+            profiler.totals["cpu_s"] += now - cpu_mark
+            cpu_mark = now
+            profiler.flush()
+    if profiler is not None:
+        profiler.flush(force=True)
+
+
+def time_alone(function: str, params: dict[str, Any], sample: pd.DataFrame,
+               repeat: int = 5) -> float:
+    """An operator timed on its own, outside Spark: the median process-CPU seconds per
+    record over ``repeat`` calls on copies of ``sample``."""
+    op = OPERATORS[function]
+    op.fn(sample.copy(), params)  # warm (imports, caches)
+    times = []
+    for _ in range(repeat):
+        df = sample.copy()
+        before = time.process_time()
+        op.fn(df, params)
+        times.append(time.process_time() - before)
+    return float(np.median(times)) / max(1, len(sample))
+
+
+def time_chain_alone(steps: list[PeStep], sample: pd.DataFrame, seconds: float,
+                     pause_s: float = 0.25) -> dict[str, float]:
+    """Each operator of a chain timed on its own, outside Spark, for about ``seconds``:
+    round after round, each operator called once on a copy of its input (``sample``
+    through the operators before it), a pause between rounds as a PE's worker waits
+    between batches. Median CPU seconds per record, per operator. Run it while the
+    profiled query runs: a shared machine's speed drifts, and both then see the same."""
+    inputs = []
+    df = sample
+    for step in steps:
+        inputs.append(df)
+        df = OPERATORS[step.function].fn(df.copy(), step.params)
+    times: dict[str, list[float]] = {s.node_id: [] for s in steps}
+    deadline = time.monotonic() + seconds
+    while True:
+        for step, frame in zip(steps, inputs, strict=True):
+            df = frame.copy()
+            # The caller's heap is not a Python worker's: a full collection over it
+            # (a test process holds Django, Spark's client, ...) would be timed too.
+            gc.collect()
+            gc.disable()
+            try:
+                before = time.process_time()
+                OPERATORS[step.function].fn(df, step.params)
+                times[step.node_id].append(time.process_time() - before)
+            finally:
+                gc.enable()
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(pause_s)
+    return {k: float(np.median(v)) / max(1, len(sample)) for k, v in times.items()}
+
+
+# ----------------------------------------------------------- example pipelines
+HFT_STEPS = ("parse", "enrich", "bucket", "fit", "score", "format")
+
+
+def hft_split_definition(rate: float, ticks: int = 256, partitions: int = 2,
+                         plan: dict[str, Any] | None = None,
+                         max_records_per_batch: int = 200_000) -> dict[str, Any]:
+    """The HFT kernel as six Python operators over the artifact's 2,836 symbols."""
+    nodes: list[dict[str, Any]] = [
+        {"id": "quotes", "type": "generator", "seed": 16, "partitions": partitions,
+         "rate": {"kind": "constant", "records_per_s": rate},
+         "keys": {"kind": "file", "file": "elastic-hft/probability_distribution"}}]
+    prev = "quotes"
+    for step in HFT_STEPS:
+        node: dict[str, Any] = {"id": step, "type": "python", "input": prev,
+                                "function": f"quote_{step}"}
+        if step == "fit":
+            node["params"] = {"ticks": ticks}
+        nodes.append(node)
+        prev = step
+    nodes.append({"id": "out", "type": "sink", "input": prev, "keep_output": True})
+    doc: dict[str, Any] = {"nodes": nodes, "max_records_per_batch": max_records_per_batch}
+    if plan is not None:
+        doc["plan"] = plan
+    return doc
+
+
+def nexmark_python_definition(rate: float, ticks: int = 128, partitions: int = 1,
+                              plan: dict[str, Any] | None = None,
+                              max_records_per_batch: int = 200_000) -> dict[str, Any]:
+    """NEXMark bids (Query 1's conversion to euros) through four more Python steps."""
+    nodes: list[dict[str, Any]] = [
+        {"id": "events", "type": "nexmark", "seed": 5, "partitions": partitions,
+         "rate": {"kind": "constant", "records_per_s": rate}},
+        {"id": "bids", "type": "filter", "input": "events", "where": "type == 'bid'"},
+        {"id": "euro", "type": "python", "input": "bids", "function": "bid_euro"},
+        {"id": "extra", "type": "python", "input": "euro", "function": "bid_extra"},
+        {"id": "band", "type": "python", "input": "extra", "function": "bid_band"},
+        {"id": "fraud", "type": "python", "input": "band", "function": "bid_fraud",
+         "params": {"ticks": ticks}},
+        {"id": "format", "type": "python", "input": "fraud", "function": "bid_format"},
+        {"id": "out", "type": "sink", "input": "format", "keep_output": True}]
+    doc: dict[str, Any] = {"nodes": nodes, "max_records_per_batch": max_records_per_batch}
+    if plan is not None:
+        doc["plan"] = plan
+    return doc

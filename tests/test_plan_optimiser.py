@@ -1,0 +1,144 @@
+"""The plan optimiser without Spark: Python operators and their PEs (``pyops.py``), the
+definition's ``plan``, the profile (``planopt.read_profile``) and COLA on a measured
+graph checked against every chain partition (brute force)."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from control import workload
+from pipelines.runtime import dataflow, definition, planopt, pyops
+
+
+def _quotes(n: int = 3000) -> pd.DataFrame:
+    spec = definition.validate(pyops.hft_split_definition(1000))
+    r = workload.generate(spec.seed, 0, n, spec.schedule(), spec.key_distribution(), 1.7e9)
+    return pd.DataFrame({"seq": r.seq, "key": r.key, "value": r.value, "emit_ts": r.emit_ts})
+
+
+def _steps() -> list[pyops.PeStep]:
+    return [pyops.PeStep(s, f"quote_{s}", {"ticks": 64} if s == "fit" else {})
+            for s in pyops.HFT_STEPS]
+
+
+def test_a_pe_gives_the_same_rows_however_its_input_is_split(tmp_path: Path) -> None:
+    df = _quotes()
+    whole = pd.concat(list(pyops.run_pe(iter([df]), _steps())), ignore_index=True)
+    pieces = [df.iloc[i:i + 700] for i in range(0, len(df), 700)]
+    profiler = pyops.PeProfiler(str(tmp_path), "all", _steps())
+    split = pd.concat(list(pyops.run_pe(iter(pieces), _steps(), profiler)),
+                      ignore_index=True)
+    pd.testing.assert_frame_equal(whole, split, rtol=1e-9)
+    assert {"price", "sector", "bucket_ms", "slope", "score", "message"} <= set(whole)
+    lines = [json.loads(x) for f in tmp_path.glob("*.jsonl")
+             for x in f.read_text().splitlines()]
+    assert sum(x["rows_in"] for x in lines) == len(df)
+    assert sum(x["tasks"] for x in lines) == 1
+    assert all(x["ops"]["fit"]["cpu_s"] > 0 for x in lines if x["rows_in"])
+
+
+def test_the_plan_is_validated_against_the_graph() -> None:
+    def err(plan: dict) -> str:
+        with pytest.raises(definition.DefinitionError) as exc:
+            definition.validate(pyops.hft_split_definition(1000, plan=plan))
+        return str(exc.value)
+
+    assert "is in two PEs" in err({"pes": [["parse", "enrich"], ["enrich", "bucket", "fit",
+                                                                  "score", "format"]]})
+    assert "does not read parse" in err({"pes": [["parse", "bucket"], ["enrich"], ["fit"],
+                                                 ["score"], ["format"]]})
+    assert "format is in no PE" in err({"pes": [["parse", "enrich", "bucket", "fit",
+                                                 "score"]]})
+    assert "'out' is not a python node" in err({"exlocate": [["fit", "out"]]})
+    assert "must not share a PE" in err({"pes": [list(pyops.HFT_STEPS)],
+                                         "exlocate": [["fit", "parse"]]})
+    spec = definition.validate(pyops.hft_split_definition(1000))
+    assert spec.pe_plan is not None and len(spec.pe_plan.pes) == 6  # default: unfused
+    fused = definition.validate(pyops.hft_split_definition(
+        1000, plan={"pes": [list(pyops.HFT_STEPS)], "partitions": 2}))
+    assert fused.pe_plan == dataflow.PePlan((pyops.HFT_STEPS,), 2)
+    assert fused.raw["plan"]["pes"] == [list(pyops.HFT_STEPS)]
+    with pytest.raises(definition.DefinitionError, match="function"):
+        doc = pyops.hft_split_definition(1000)
+        doc["nodes"][4]["function"] = "quote_fitt"
+        definition.validate(doc)
+
+
+def _write_profile(directory: Path, per_task: float, per_byte: float,
+                   cpu: dict[str, float], bytes_per_row: float = 100.0) -> None:
+    """Profile lines of one PE per operator made by a known linear crossing cost."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(3)
+    sizes = [(int(rng.integers(200, 5000)), int(rng.integers(1, 4))) for _ in range(20)]
+    for k, op in enumerate(cpu):
+        with open(directory / f"{op}.{k}.jsonl", "w") as out:
+            for i, (rows, tasks) in enumerate(sizes):  # every PE sees the same rows
+                moved = int(2 * rows * bytes_per_row)
+                op_cpu = cpu[op] * rows
+                out.write(json.dumps({
+                    "t": 1000.0 + i, "pe": op, "pid": k, "tasks": tasks, "batches": tasks,
+                    "cpu_s": op_cpu + per_task * tasks + per_byte * moved,
+                    "rows_in": rows, "bytes_in": moved // 2, "rows_out": rows,
+                    "bytes_out": moved // 2,
+                    "ops": {op: {"cpu_s": op_cpu, "rows_in": rows, "rows_out": rows,
+                                 "bytes_out": moved // 2}}}) + "\n")
+
+
+def test_the_profile_recovers_operator_and_crossing_costs(tmp_path: Path) -> None:
+    cpu = {s: c * 1e-6 for s, c in zip(pyops.HFT_STEPS, (0.5, 0.4, 0.3, 6.0, 0.4, 2.0),
+                                         strict=True)}
+    _write_profile(tmp_path, per_task=2e-3, per_byte=15e-9, cpu=cpu)
+    prof = planopt.read_profile(tmp_path)
+    per_task, per_byte = prof.crossing_costs()
+    assert per_task == pytest.approx(2e-3, rel=1e-6)
+    assert per_byte == pytest.approx(15e-9, rel=1e-6)
+    spec = definition.validate(pyops.hft_split_definition(1000))
+    assert spec.graph is not None
+    rows = prof.operators["parse"].rows_in
+    measured = planopt.measured_graph(spec.graph, prof, rows)
+    for op, c in cpu.items():
+        assert measured.cpu_per_record[op] == pytest.approx(c, rel=1e-9)
+    assert planopt.read_profile(tmp_path, since=1010.0).operators["fit"].rows_in < rows
+
+
+def _chain_partitions(ops: tuple[str, ...]):
+    for cuts in itertools.product((False, True), repeat=len(ops) - 1):
+        pes, current = [], [ops[0]]
+        for op, cut in zip(ops[1:], cuts, strict=True):
+            if cut:
+                pes.append(tuple(current))
+                current = []
+            current.append(op)
+        pes.append(tuple(current))
+        yield pes
+
+
+@pytest.mark.parametrize("exlocate", [(), (("enrich", "fit"),), (("parse", "format"),
+                                                                 ("bucket", "score"))])
+def test_cola_reaches_the_best_chain_partition_of_the_measured_graph(
+        tmp_path: Path, exlocate: tuple) -> None:
+    cpu = {s: c * 1e-6 for s, c in zip(pyops.HFT_STEPS, (0.5, 0.4, 0.3, 6.0, 0.4, 2.0),
+                                         strict=True)}
+    _write_profile(tmp_path, per_task=1e-3, per_byte=15e-9, cpu=cpu)
+    plan = {"exlocate": [list(p) for p in exlocate]} if exlocate else None
+    spec = definition.validate(pyops.hft_split_definition(1000, plan=plan))
+    assert spec.graph is not None and spec.pe_plan is not None
+    prof = planopt.read_profile(tmp_path)
+    measured = planopt.measured_graph(spec.graph, prof, prof.operators["parse"].rows_in)
+    cola = planopt.max_sustainable(spec.graph, measured, spec.pe_plan, 2, 2, "cola")
+    best = max(
+        (planopt.evaluate(spec.graph, measured, pes, 1.0, 2, "brute", spec.pe_plan)
+         for pes in _chain_partitions(pyops.HFT_STEPS)),
+        key=lambda p: p.max_rate if not any(
+            any(a in pe and b in pe for pe in p.pes) for a, b in exlocate) else -1.0)
+    assert cola.feasible
+    assert cola.max_rate == pytest.approx(best.max_rate, rel=1e-6)
+    none = planopt.max_sustainable(spec.graph, measured, spec.pe_plan, 2, 2, "none")
+    assert cola.max_rate > none.max_rate
+    for a, b in exlocate:
+        assert all(not (a in pe and b in pe) for pe in cola.pes)
