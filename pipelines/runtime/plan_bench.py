@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ from pipelines.runtime.dataflow_spark import pe_name, profile_dir
 from pipelines.runtime.harness import RunnerProcess
 
 PROFILE_RATE = 2000.0
-PROFILE_S = 25.0
+PROFILE_S = 30.0
+PROFILE_TRIGGER_MS = 2000
 COMMON_S = 30.0
 COMMON_TAIL_S = 12.0  # p95 over the common phase's last this many seconds (warmed up)
 SATURATED_BATCHES = 8
@@ -93,24 +95,60 @@ def measure(run: RunnerProcess, low_s: float, timeout_s: float = 600.0
             "saturated_batches": len(sat), "saturated_rows": rows}
 
 
+def input_sample(spec: definition.PipelineSpec, t0: float, rows: int
+                 ) -> tuple[list[pyops.PeStep], Any]:
+    """The first Python operator's input for about ``rows`` rows (generated, filtered
+    as the pipeline filters) and the chain of Python operators, in order."""
+    import pandas as pd
+
+    assert spec.graph is not None
+    python = [n for n in spec.graph.nodes if n.type == "python"]
+    steps = [pyops.PeStep(n.id, n.params["function"], n.params["params"]) for n in python]
+    upstream = python[0].inputs[0]
+    frames = verify.python_frames(spec, t0, 0, rows)
+    passing = max(1, len(frames[upstream]))
+    frames = verify.python_frames(spec, t0, 0, int(rows * rows / passing) + 1)
+    sample = frames[upstream].head(rows).copy()
+    if "event_time" not in sample:  # every PE's batches carry it
+        sample["event_time"] = pd.to_datetime(sample["emit_ts"], unit="s")
+    return steps, sample
+
+
 def profile_pipeline(master: str, work: Path, redis_url: str, name: str,
                      ) -> tuple[dict[str, Any], planopt.MeasuredGraph, dict[str, Any]]:
-    """The unfused run: its measured graph and saturated throughput."""
+    """The unfused run: its measured graph, its saturated throughput and each operator
+    timed alone meanwhile (the profile's independent check)."""
     doc = _step_rate(PIPELINES[name](PROFILE_RATE), PROFILE_RATE, PROFILE_S,
                      PROFILE_RATE * 40)
+    doc["trigger_ms"] = PROFILE_TRIGGER_MS  # batches of a steady size to time alone
     spec = definition.validate(doc)
+    assert spec.graph is not None and spec.pe_plan is not None
     run = _runner(work, master, redis_url, doc, f"{name}-profile")
     with run:
+        run.wait_until(lambda: run.events and any(e["type"] == "query_started"
+                                                  for e in run.events), 240, "the query")
+        run.wait_until(lambda: run.metrics and run.metrics[-1]["t"] > run.t0
+                       + PROFILE_S / 3, 240, "the start-up")
+        since = run.metrics[-1]["t"]
+        rows = max(50, int(run.metrics[-1]["input_rows"] / spec.partitions))
+        steps, sample = input_sample(spec, run.t0, rows)
+        alone = pyops.time_chain_alone(steps, sample,
+                                       max(4.0, run.t0 + PROFILE_S - time.time() - 2.0))
+        until = run.metrics[-1]["t"]
+        records = sum(m["input_rows"] for m in run.metrics if since < m["t"] <= until)
         result = measure(run, PROFILE_S)
-        # Profile lines from the steady part of the modest-rate phase.
-        since = run.t0 + PROFILE_S / 3
-        until = run.t0 + PROFILE_S
-        records = sum(m["input_rows"] for m in run.metrics if since <= m["t"] <= until)
-    assert spec.graph is not None and spec.pe_plan is not None
     names = {pe_name(pe) for pe in spec.pe_plan.pes}
     prof = planopt.read_profile(profile_dir(run.work / "source-plan"), since, names,
                                 until=until)
     measured = planopt.measured_graph(spec.graph, prof, records)
+    result["alone_check"] = {
+        s.node_id: {"profiled_us_per_row": prof.operators[s.node_id].cpu_s
+                    / max(1, prof.operators[s.node_id].rows_in) * 1e6,
+                    "alone_us_per_row": alone[s.node_id] * 1e6} for s in steps}
+    for check in result["alone_check"].values():
+        check["ratio"] = round(check["profiled_us_per_row"] / check["alone_us_per_row"], 3)
+    result["alone_rows_per_call"] = rows
+    del doc["trigger_ms"]
     return doc, measured, result
 
 
@@ -120,6 +158,9 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
     for name in pipelines:
         log(f"[{name}] profiling the unfused plan ...")
         doc, measured, prof_run = profile_pipeline(master, work, redis_url, name)
+        log(f"[{name}] profile vs each operator timed alone (us/row): " + ", ".join(
+            f"{k} {v['profiled_us_per_row']:.2f}/{v['alone_us_per_row']:.2f}"
+            for k, v in prof_run["alone_check"].items()))
         spec = definition.validate(doc)
         assert spec.graph is not None and spec.pe_plan is not None
         proposals = {alg: planopt.max_sustainable(spec.graph, measured, spec.pe_plan,

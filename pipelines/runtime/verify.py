@@ -323,20 +323,23 @@ def python_checkable(spec: definition.PipelineSpec) -> str | None:
     return None
 
 
-def _python_expected(spec: definition.PipelineSpec, t0: float, end: int) -> pd.DataFrame:
-    """What the sink must hold for the source records ``[0, end)``: the graph applied
-    in pandas (filters with ``DataFrame.query``, operators by ``pyops``)."""
+def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
+                  ) -> dict[str, pd.DataFrame]:
+    """Every node's rows for the source records ``[start, end)``, computed in pandas
+    (filters with ``DataFrame.query``, operators by ``pyops``): the reference of a
+    pipeline of filters and Python operators."""
     from pipelines.runtime import pyops
 
     assert spec.graph is not None
     if spec.source_type == "nexmark":
         from pipelines.runtime.nexmark_source import scheduled_events, to_arrow
 
-        events, emit = scheduled_events(json.dumps(spec.raw, sort_keys=True), 0, end, t0)
-        frame = to_arrow(0, events, emit).to_pandas()
+        events, emit = scheduled_events(json.dumps(spec.raw, sort_keys=True), start, end,
+                                        t0)
+        frame = to_arrow(start, events, emit).to_pandas()
     else:
-        r = workload.generate(spec.seed, 0, end, spec.schedule(), spec.key_distribution(),
-                              t0)
+        r = workload.generate(spec.seed, start, end, spec.schedule(),
+                              spec.key_distribution(), t0)
         frame = pd.DataFrame({"seq": r.seq, "key": r.key, "value": r.value,
                               "emit_ts": r.emit_ts})
     frames: dict[str, pd.DataFrame] = {}
@@ -351,7 +354,13 @@ def _python_expected(spec: definition.PipelineSpec, t0: float, end: int) -> pd.D
             df = pyops.OPERATORS[node.params["function"]].fn(df.copy(),
                                                               node.params["params"])
         frames[node.id] = df
-    return frames[spec.graph.sink.id]
+    return frames
+
+
+def _python_expected(spec: definition.PipelineSpec, t0: float, end: int) -> pd.DataFrame:
+    """What the sink must hold for the source records ``[0, end)``."""
+    assert spec.graph is not None
+    return python_frames(spec, t0, 0, end)[spec.graph.sink.id]
 
 
 def _verify_python(spec: definition.PipelineSpec, t0: float, committed: list[int],
