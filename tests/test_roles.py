@@ -71,6 +71,7 @@ def _pages(w: dict[str, Any]) -> list[tuple[str, str, dict[str, int]]]:
         ("post", f"/runs/{r}/workers/", post), ("post", f"/runs/{r}/rebalance/", post),
         ("post", f"/runs/{r}/frequency/", post), ("post", f"/runs/{r}/move-groups/", post),
         ("post", f"/runs/{r}/dry-run/", post), ("post", f"/lab/{lab}/policy/", post),
+        ("get", f"/runs/{r}/plan/", watch), ("post", f"/runs/{r}/plan/", post),
         ("post", "/pipelines/new/", {**post, "operator": 200, "admin": 200}),  # form errors
         ("post", "/policies/new/", {**post, "operator": 200, "admin": 200}),
         ("post", "/lab/new/", {**post, "operator": 200, "admin": 200}),

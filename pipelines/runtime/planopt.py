@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from control.planning import fusion
-from pipelines.runtime import dataflow
+from pipelines.runtime import dataflow, pyops
 
 HEADROOM = 0.9  # γ: the share of a core a plan may fill (COLA §4's capacity scaling)
 ALGORITHMS = ("cola", "fuse-all", "none", "greedy-merge")
@@ -121,6 +121,11 @@ def read_profile(directory: Path, since: float = 0.0, pes: set[str] | None = Non
     if not directory.is_dir():
         return out
     for path in sorted(directory.glob("*.jsonl")):
+        parts = path.name.split(".")  # PE (node ids: no dots), pid, segment, jsonl
+        if len(parts) == 4 and parts[2].isdigit() and not (
+                int(parts[2]) + pyops.PeProfiler.SEGMENT_S >= since
+                and int(parts[2]) <= until):
+            continue  # written entirely outside the span
         with open(path) as lines:
             for line in lines:
                 try:

@@ -270,8 +270,10 @@ class PeProfiler:
 
     FLUSH_S = 1.0
 
+    SEGMENT_S = 600  # one file per worker per ten minutes: a reader skips old ones
+
     def __init__(self, profile_dir: str, pe: str, steps: list[PeStep]) -> None:
-        self.path = Path(profile_dir) / f"{pe}.{os.getpid()}.jsonl"
+        self.directory = Path(profile_dir)
         self.pe = pe
         self.ops = {s.node_id: {"cpu_s": 0.0, "rows_in": 0, "rows_out": 0, "bytes_out": 0}
                     for s in steps}
@@ -284,10 +286,13 @@ class PeProfiler:
             return
         if not force and time.monotonic() - self.last_flush < self.FLUSH_S:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        record = {"t": time.time(), "pe": self.pe, "pid": os.getpid(), **self.totals,
+        self.directory.mkdir(parents=True, exist_ok=True)
+        now = time.time()
+        record = {"t": now, "pe": self.pe, "pid": os.getpid(), **self.totals,
                   "ops": self.ops}
-        with open(self.path, "a") as out:
+        segment = int(now // self.SEGMENT_S) * self.SEGMENT_S
+        path = self.directory / f"{self.pe}.{os.getpid()}.{segment}.jsonl"
+        with open(path, "a") as out:
             out.write(json.dumps(record) + "\n")
         self.last_flush = time.monotonic()
         for op in self.ops.values():
