@@ -15,7 +15,8 @@ Per pipeline:
 2. **Plans** — COLA, fuse-all, NONE and greedy merging (FINT-like) from
    ``planopt.max_sustainable`` on that graph (COLA at the highest rate it is modelled to
    sustain; a baseline likewise).
-3. **Runs** — every plan ``--reps`` times in turn, one fresh run each: ``COMMON_S`` at
+3. **Runs** — every plan ``--reps`` times in turn (each repetition in a rotated order),
+   one fresh run each: ``COMMON_S`` at
    the common rate (p95 latency: the median of the per-batch p95 over its last
    ``COMMON_TAIL_S``, after the query's start-up),
    then saturated: the source is far ahead and every batch reads
@@ -39,7 +40,7 @@ from pipelines.runtime.dataflow_spark import pe_name, profile_dir
 from pipelines.runtime.harness import RunnerProcess
 
 PROFILE_RATE = 2000.0
-PROFILE_S = 30.0
+PROFILE_S = 44.0
 PROFILE_TRIGGER_MS = 2000
 COMMON_S = 30.0
 COMMON_TAIL_S = 12.0  # p95 over the common phase's last this many seconds (warmed up)
@@ -127,8 +128,9 @@ def profile_pipeline(master: str, work: Path, redis_url: str, name: str,
     with run:
         run.wait_until(lambda: run.events and any(e["type"] == "query_started"
                                                   for e in run.events), 240, "the query")
+        # Past the start-up: the first batches also load every worker's modules.
         run.wait_until(lambda: run.metrics and run.metrics[-1]["t"] > run.t0
-                       + PROFILE_S / 3, 240, "the start-up")
+                       + PROFILE_S / 2, 240, "the start-up")
         since = run.metrics[-1]["t"]
         rows = max(50, int(run.metrics[-1]["input_rows"] / spec.partitions))
         steps, sample = input_sample(spec, run.t0, rows)
@@ -175,8 +177,11 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
             log(f"[{name}] {alg}: {[list(pe) for pe in p.pes]} over {p.partitions} "
                 f"partition(s), modelled max {p.max_rate:,.0f}/s")
         runs: dict[str, list[dict[str, Any]]] = {alg: [] for alg in proposals}
+        order = list(proposals)
         for rep in range(reps):
-            for alg, p in proposals.items():
+            # Each repetition in another order (a rotation): no plan always runs first.
+            for alg in order[rep % len(order):] + order[:rep % len(order)]:
+                p = proposals[alg]
                 plan = p.pe_plan(spec.pe_plan).as_dict()
                 pdoc = _step_rate(PIPELINES[name](common, plan=plan,
                                                   max_records_per_batch=batch),

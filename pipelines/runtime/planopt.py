@@ -4,22 +4,23 @@
 
 **Profile** (:func:`read_profile`). Every PE's workers (``pyops.run_pe``) append, about
 once a second, their operators' CPU (the worker process's, during each call), rows in
-and out and Arrow bytes out, and the PE process's CPU (which also holds the crossing's
-Arrow conversions). Per operator that
-gives its CPU per input record and its output's rows and bytes per source record — the
-node costs and edge rates drawn on the DAG, all measured.
+and out and Arrow bytes out, and the PE process's CPU, whose part outside the operators
+is the crossing: a task's worker set-up and the Arrow conversions of its input and
+output. Per operator that gives its CPU per record and its output's rows and bytes per
+source record — the node costs and edge rates drawn on the DAG, all measured — and over
+every profile line a fit of the crossing's CPU as ``a · tasks + b · bytes``
+(:meth:`Profile.crossing_costs`, non-negative least squares).
 
 **COLA's model on Spark** (:func:`fusion_problem`), per source record at a target rate R:
 
 * operator cost ``w_v`` = its measured CPU per source record × R (core-seconds per
   second);
-* edge cost ``w_e`` = the CPU of one JVM↔Python crossing of the edge's rows × R: the
-  measured crossing CPU per byte (each PE's process CPU minus its operators', divided by
-  the Arrow bytes it read and wrote) × the edge's measured bytes per source record,
-  counted once on the sending and once on the receiving side. Only the Python side is
-  measured; the JVM's share of a crossing (Arrow → rows → Arrow) is not in the model.
-  The crossings into the first PE and out of the last exist in every plan; they are
-  added to their operators' cost;
+* edge cost ``w_e`` = what cutting the edge costs: its rows' Arrow conversions on both
+  sides (``2 · b`` × the edge's measured bytes per source record × R) and, since on a
+  chain every cut adds a PE, one more PE's per-task cost (``a`` × the tasks a PE runs
+  per second, measured). Only the Python side is measured; the JVM's share of a crossing
+  (Arrow → rows → Arrow) is not in the model. The crossings into the first PE and out of
+  the last exist in every plan; they are added to their operators' cost;
 * hosts: Spark runs a stage's PEs one after the other inside each task (measured:
   two chained ``mapInPandas`` on 2 cores took 2.25 s where one fused took 1.7 s, so
   chained PEs do not overlap), so every task carries every PE of its stage. The host
@@ -32,8 +33,8 @@ node costs and edge rates drawn on the DAG, all measured.
   colocation and exlocation); a PE must be a chain (one ``mapInPandas`` runs its
   operators in order), so a PE that is not one is cut into its chains.
 
-The sustainable rate a plan is predicted to reach is γ × partitions / (Σ SIZE per
-source record): labelled "modelled" wherever it is shown.
+The sustainable rate a plan is predicted to reach is (γ × partitions − its per-task
+costs) / (its Σ SIZE per source record): labelled "modelled" wherever it is shown.
 """
 from __future__ import annotations
 
@@ -352,7 +353,10 @@ def max_sustainable(graph: dataflow.Graph, measured: MeasuredGraph, plan: datafl
     """``algorithm``'s plan at the highest rate it is modelled to sustain (bisection on
     the rate; COLA's plan depends on the rate through the capacity constraint)."""
     probe = propose(graph, measured, plan, 1.0, source_partitions, cores, algorithm)
-    hi = max(probe.max_rate, 1.0)
+    # The most any partitioning may carry: the plan over every core.
+    widest = evaluate(graph, measured, list(probe.pes), 1.0,
+                      max(cores, source_partitions), algorithm, plan)
+    hi = max(probe.max_rate, widest.max_rate, 1.0) * 1.01
     lo = 1.0
     best = probe
     for _ in range(30):

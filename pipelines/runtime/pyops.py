@@ -150,7 +150,7 @@ def _quote_score(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
 
 
 def _quote_format(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
-    df["message"] = [f"{k}|{p:.2f}|{c:+.4f}" for k, p, c in
+    df["message"] = [f"{int(k)}|{p:.2f}|{c:+.4f}" for k, p, c in
                      zip(df["key"].tolist(), df["price"].tolist(), df["score"].tolist())]
     return df
 
@@ -196,7 +196,8 @@ def _bid_fraud(df: pd.DataFrame, p: dict[str, Any]) -> pd.DataFrame:
 
 
 def _bid_format(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
-    df["message"] = [f"{a}:{b}:{p}:{f:.3f}" for a, b, p, f in
+    # (ids as whole numbers: a column with nulls upstream may arrive as doubles)
+    df["message"] = [f"{int(a)}:{int(b)}:{int(p)}:{f:.3f}" for a, b, p, f in
                      zip(df["auction"].tolist(), df["bidder"].tolist(),
                          df["price"].tolist(), df["fraud"].tolist())]
     return df
