@@ -86,8 +86,10 @@ def plan_page(run: Run) -> PlanPage:
     first_t = samples[0][0].timestamp()
     records = sum(rows for _t, rows in samples[1:])
     names = {pe_name(pe) for pe in plan.pes}
+    # A batch's profile lines are written while it runs (each task ends with one),
+    # before its commit: the batches after the first one are the lines in between.
     profile = planopt.read_profile(Path(run.checkpoint_dir) / "pe-profile", first_t,
-                                   names, until=samples[-1][0].timestamp() + 1.0)
+                                   names, until=samples[-1][0].timestamp())
     try:
         measured = planopt.measured_graph(spec.graph, profile, records)
     except ValueError as exc:
