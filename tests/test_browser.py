@@ -209,26 +209,37 @@ def _verdict(run_id: int) -> dict | None:
     return doc if doc.get("state") in ("done", "error") else None
 
 
-@pytest.mark.django_db(transaction=True)
-def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
-        live_stack, operator, browser) -> None:
-    """Issue 15's browser acceptance: re-plan a running run 8 -> 16 (seamless) -> 4
-    (stop and restart) from its page, see both spans shaded on the charts, and the
-    exactly-once check of the whole run say OK."""
+def _run_on_its_page(live_stack, operator, browser, name: str, doc: dict):
+    """A run of ``doc`` on 2 workers, started through the product, its page open as the
+    operator. Returns (run, base URL)."""
     from control.models import Policy
-    from pipelines import actions, launch
-    from pipelines.models import Pipeline, Run
-    from tests.conftest import wait_for
+    from pipelines import actions
+    from pipelines.models import Pipeline
 
-    doc = dict(SMALL_DEFINITION, key_groups=8, sink={"type": "latency", "keep_output": True})
-    pipeline = actions.save_pipeline(Pipeline(name="replan-pipeline", definition=doc), operator)
-    policy = Policy.objects.create(name="replan-policy", latency_bound_ms=10000,
+    pipeline = actions.save_pipeline(Pipeline(name=f"{name}-pipeline", definition=doc),
+                                     operator)
+    policy = Policy.objects.create(name=f"{name}-policy", latency_bound_ms=10000,
                                    power_budget_w=40, min_workers=1, initial_workers=2,
                                    max_workers=2)
     run = actions.create_run(pipeline, policy, operator)
     base = live_stack.base_url
     log_in(browser, base, "operator", "op-pass-123")
     browser.get(f"{base}/runs/{run.pk}/")
+    return run, base
+
+
+@pytest.mark.django_db(transaction=True)
+def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
+        live_stack, operator, browser) -> None:
+    """Issue 15's browser acceptance: re-plan a running run 8 -> 16 (seamless) -> 4
+    (stop and restart) from its page, see both spans shaded on the charts, and the
+    exactly-once check of the whole run say OK."""
+    from pipelines import launch
+    from pipelines.models import Run
+    from tests.conftest import wait_for
+
+    doc = dict(SMALL_DEFINITION, key_groups=8, sink={"type": "latency", "keep_output": True})
+    run, base = _run_on_its_page(live_stack, operator, browser, "replan", doc)
     try:
         WebDriverWait(browser, 240, poll_frequency=1).until(
             lambda d: d.execute_script("return window.__streamwise.points") >= 5)
@@ -283,22 +294,13 @@ def test_optimise_plan_shows_both_plans_and_applies_colas_live(
     "Optimise plan" shows the measured profile on the DAG and the current plan beside
     COLA's; applying it re-plans the query live, the DAG then shows the new PEs, and the
     exactly-once check of the whole run says OK."""
-    from control.models import Policy
-    from pipelines import actions
-    from pipelines.models import Pipeline, Run
+    from pipelines.models import Run
     from pipelines.runtime import pyops
     from tests.conftest import wait_for
 
     doc = pyops.hft_split_definition(1500)
     doc["trigger_ms"] = 1000
-    pipeline = actions.save_pipeline(Pipeline(name="plan-pipeline", definition=doc), operator)
-    policy = Policy.objects.create(name="plan-policy", latency_bound_ms=10000,
-                                   power_budget_w=40, min_workers=1, initial_workers=2,
-                                   max_workers=2)
-    run = actions.create_run(pipeline, policy, operator)
-    base = live_stack.base_url
-    log_in(browser, base, "operator", "op-pass-123")
-    browser.get(f"{base}/runs/{run.pk}/")
+    run, base = _run_on_its_page(live_stack, operator, browser, "plan", doc)
     wait = WebDriverWait(browser, 240, poll_frequency=1,
                          ignored_exceptions=(StaleElementReferenceException,
                                              NoSuchElementException))

@@ -28,8 +28,9 @@ def _steps() -> list[pyops.PeStep]:
 
 def test_a_pe_gives_the_same_rows_however_its_input_is_split(tmp_path: Path) -> None:
     df = _quotes()
-    whole = pd.concat(list(pyops.run_pe(iter([df]), _steps())), ignore_index=True)
-    pieces = [df.iloc[i:i + 700] for i in range(0, len(df), 700)]
+    # (operators add their columns to the frame they are given: each call its own copy)
+    whole = pd.concat(list(pyops.run_pe(iter([df.copy()]), _steps())), ignore_index=True)
+    pieces = [df.iloc[i:i + 700].copy() for i in range(0, len(df), 700)]
     profiler = pyops.PeProfiler(str(tmp_path), "all", _steps())
     split = pd.concat(list(pyops.run_pe(iter(pieces), _steps(), profiler)),
                       ignore_index=True)

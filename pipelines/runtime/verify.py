@@ -169,6 +169,18 @@ def _read_output(output_dir: Path, batch: int) -> pd.DataFrame | None:
     return pq.read_table(path).to_pandas()
 
 
+def _outputs(committed: list[int], output_dir: Path, report: VerifyReport,
+             progress: Progress | None) -> Iterator[pd.DataFrame]:
+    """Each committed batch's kept output; a missing one is reported lost."""
+    for b in _tracked(committed, progress):
+        df = _read_output(output_dir, b)
+        if df is None:
+            report.missing_batches.append(b)
+            report.problem("lost", 0, f"batch {b} committed but its output is missing")
+            continue
+        yield df
+
+
 def _tracked(committed: list[int], progress: Progress | None) -> Iterator[int]:
     """The committed batches, telling ``progress`` (done, of) as each is checked."""
     for done, batch in enumerate(committed):
@@ -282,12 +294,7 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
     columns = queries.RESULT_COLUMNS[query]
     window_ms = reference.WINDOW_S * 1000
     rows: list[dict[str, Any]] = []
-    for b in _tracked(committed, progress):
-        df = _read_output(output_dir, b)
-        if df is None:
-            report.missing_batches.append(b)
-            report.problem("lost", 0, f"batch {b} committed but its output is missing")
-            continue
+    for df in _outputs(committed, output_dir, report, progress):
         report.output_rows += len(df)
         rows.extend(json.loads(df.to_json(orient="records")))
     if query == "Q6":
@@ -369,14 +376,7 @@ def _verify_python(spec: definition.PipelineSpec, t0: float, committed: list[int
     """Every source record that passes the filters is in the output exactly once, with
     every column the pandas reference computes (doubles to 1e-9 relative)."""
     report.batches, report.records = len(committed), end
-    parts = []
-    for b in _tracked(committed, progress):
-        df = _read_output(output_dir, b)
-        if df is None:
-            report.missing_batches.append(b)
-            report.problem("lost", 0, f"batch {b} committed but its output is missing")
-            continue
-        parts.append(df)
+    parts = list(_outputs(committed, output_dir, report, progress))
     got = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame({"seq": []})
     report.output_rows = len(got)
     want = _python_expected(spec, t0, end)
