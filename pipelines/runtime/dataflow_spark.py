@@ -188,7 +188,8 @@ def _processing_element(df: DataFrame, node: dataflow.Node, graph: dataflow.Grap
     operator of a PE is computed by the first's (its frame is the PE's output)."""
     from pipelines.runtime import pyops
 
-    plan = spec.pe_plan or dataflow.PePlan(dataflow.default_pes(graph))
+    plan = spec.pe_plan
+    assert plan is not None  # a dataflow spec always has one (definition.validate)
     pe = plan.pes[plan.pe_of(node.id)]
     if pe[0] != node.id:
         return frames[node.id]  # set when the PE's first operator was built

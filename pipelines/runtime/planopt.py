@@ -285,8 +285,9 @@ class PlanProposal:
 
 def evaluate(graph: dataflow.Graph, measured: MeasuredGraph, pes: list[tuple[str, ...]],
              rate: float, partitions: int, algorithm: str,
-             plan: dataflow.PePlan, reason: str = "") -> PlanProposal:
-    """The modelled loads of running ``pes`` at ``rate`` over ``partitions`` tasks."""
+             plan: dataflow.PePlan) -> PlanProposal:
+    """The modelled loads of running ``pes`` at ``rate`` over ``partitions`` tasks, and
+    whether they fit and keep the plan's colocation and exlocation pairs."""
     index = {o: i for i, o in enumerate(measured.operators)}
 
     def sizes_at(r: float) -> list[float]:
@@ -305,7 +306,7 @@ def evaluate(graph: dataflow.Graph, measured: MeasuredGraph, pes: list[tuple[str
         sum(measured.entry_rows.values())
     moved = sum(measured.bytes_per_record[e] for e in cut) + \
         sum(measured.entry.values()) + sum(measured.exit.values())
-    valid = reason == ""
+    valid, reason = True, ""
     for a, b in plan.exlocate:
         if pe_of[a] == pe_of[b]:
             valid, reason = False, f"{a} and {b} share a PE (exlocate)"
@@ -329,6 +330,7 @@ def propose(graph: dataflow.Graph, measured: MeasuredGraph, plan: dataflow.PePla
     ``rate`` source records/s: the fewest partitions (from the source's up to
     ``cores``) at which it fits, else all the cores."""
     lo = max(1, min(source_partitions, cores))
+    order = {n.id: k for k, n in enumerate(graph.nodes)}
     best: PlanProposal | None = None
     for partitions in range(lo, max(lo, cores) + 1):
         problem = fusion_problem(measured, rate, partitions, plan)
@@ -336,11 +338,10 @@ def propose(graph: dataflow.Graph, measured: MeasuredGraph, plan: dataflow.PePla
         pes: list[tuple[str, ...]] = []
         for members in result.pes:
             pes.extend(chains(graph, [measured.operators[i] for i in members]))
-        order = {n.id: k for k, n in enumerate(graph.nodes)}
         pes.sort(key=lambda pe: order[pe[0]])
-        best = evaluate(graph, measured, pes, rate, partitions, algorithm, plan,
-                        "" if result.feasible or "host" in result.reason
-                        else result.reason)
+        # Judged on the chains it runs as (a PE cut into chains may split a
+        # colocated pair): capacity and constraints both, by ``evaluate``.
+        best = evaluate(graph, measured, pes, rate, partitions, algorithm, plan)
         if best.feasible:
             return best
     assert best is not None

@@ -267,10 +267,9 @@ def _arrow_bytes(df: pd.DataFrame) -> int:
 
 class PeProfiler:
     """Per-operator and per-PE sums of one Python worker, flushed to a JSON-lines file
-    about once a second (``profile.py`` sums every worker's files)."""
+    about once a second (``planopt.read_profile`` sums every worker's files)."""
 
     FLUSH_S = 1.0
-
     SEGMENT_S = 600  # one file per worker per ten minutes: a reader skips old ones
 
     def __init__(self, profile_dir: str, pe: str, steps: list[PeStep]) -> None:
@@ -317,6 +316,7 @@ def run_pe(batches: Iterator[pd.DataFrame], steps: list[PeStep],
             profiler.totals["batches"] += 1
             profiler.totals["rows_in"] += len(df)
             profiler.totals["bytes_in"] += _arrow_bytes(df)
+        out_bytes = 0
         for step, op in ops:
             before = time.process_time()
             rows_in = len(df)
@@ -326,10 +326,11 @@ def run_pe(batches: Iterator[pd.DataFrame], steps: list[PeStep],
                 acc["cpu_s"] += time.process_time() - before
                 acc["rows_in"] += rows_in
                 acc["rows_out"] += len(df)
-                acc["bytes_out"] += _arrow_bytes(df)
-        if profiler is not None:
+                out_bytes = _arrow_bytes(df)
+                acc["bytes_out"] += out_bytes
+        if profiler is not None:  # the PE's output is its last operator's
             profiler.totals["rows_out"] += len(df)
-            profiler.totals["bytes_out"] += _arrow_bytes(df)
+            profiler.totals["bytes_out"] += out_bytes
         yield df
         if profiler is not None:
             now = time.process_time()
@@ -340,21 +341,6 @@ def run_pe(batches: Iterator[pd.DataFrame], steps: list[PeStep],
             profiler.flush()
     if profiler is not None:
         profiler.flush(force=True)
-
-
-def time_alone(function: str, params: dict[str, Any], sample: pd.DataFrame,
-               repeat: int = 5) -> float:
-    """An operator timed on its own, outside Spark: the median process-CPU seconds per
-    record over ``repeat`` calls on copies of ``sample``."""
-    op = OPERATORS[function]
-    op.fn(sample.copy(), params)  # warm (imports, caches)
-    times = []
-    for _ in range(repeat):
-        df = sample.copy()
-        before = time.process_time()
-        op.fn(df, params)
-        times.append(time.process_time() - before)
-    return float(np.median(times)) / max(1, len(sample))
 
 
 def time_chain_alone(steps: list[PeStep], sample: pd.DataFrame, seconds: float,

@@ -399,8 +399,9 @@ def _verify_python(spec: definition.PipelineSpec, t0: float, committed: list[int
     for column in [c for c in got.columns if c != "seq" and c in want.columns]:
         a, b = both[column], both[f"{column}_got"]
         if pd.api.types.is_float_dtype(a):
-            # BLAS sums in another order for another batch split: values near zero
-            # differ in their last bits, so the tolerance is relative to the column.
+            # Vectorised sums may run in another order for another batch split: values
+            # near zero differ in their last bits, so the tolerance is relative to the
+            # column.
             x, y = a.to_numpy(np.float64), b.to_numpy(np.float64)
             finite = np.abs(x[np.isfinite(x)])
             scale = float(np.median(finite)) if len(finite) else 1.0
