@@ -43,6 +43,21 @@ def test_a_pe_gives_the_same_rows_however_its_input_is_split(tmp_path: Path) -> 
     assert all(x["ops"]["fit"]["cpu_s"] > 0 for x in lines if x["rows_in"])
 
 
+def test_nexmark_bids_through_the_python_operators() -> None:
+    bids = pd.DataFrame({"auction": [1.0, 2.0, 3.0, 4.0], "bidder": [7.0, 8.0, 9.0, 10.0],
+                         "price": [np.nan, 99.0, 1_124.0, 1_000_000.0],
+                         "extra": ["", "aeiou", None, "xyz"]})
+    steps = [pyops.PeStep(s, f"bid_{s}", {"ticks": 16} if s == "fraud" else {})
+             for s in ("euro", "extra", "band", "fraud", "format")]
+    out = pd.concat(list(pyops.run_pe(iter([bids]), steps)), ignore_index=True)
+    # Beam Query1: price * 89 / 100 in whole numbers (a missing price as 0)
+    assert out["price"].tolist() == [0, 88, 1_000, 890_000]
+    assert out["band"].tolist() == [0, 0, 1, 4]  # bands below 100, 1k, 10k, 100k, above
+    assert out["extra_len"].tolist() == [0, 5, 0, 3]
+    assert out["extra_vowels"].tolist() == [0, 5, 0, 0]
+    assert out["message"][2].startswith("3:9:1000:")
+
+
 def test_the_plan_is_validated_against_the_graph() -> None:
     def err(plan: dict) -> str:
         with pytest.raises(definition.DefinitionError) as exc:

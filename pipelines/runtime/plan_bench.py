@@ -15,8 +15,9 @@ Per pipeline:
 2. **Plans** — COLA, fuse-all, NONE and greedy merging (FINT-like) from
    ``planopt.max_sustainable`` on that graph (COLA at the highest rate it is modelled to
    sustain; a baseline likewise).
-3. **Runs** — every plan ``--reps`` times in turn (each repetition in a rotated order),
-   one fresh run each: ``COMMON_S`` at
+3. **Runs** — every distinct plan ``--reps`` times in turn, each repetition in a
+   rotated order (algorithms proposing the same plan share its runs), one fresh run
+   each: ``COMMON_S`` at
    the common rate (p95 latency: the median of the per-batch p95 over its last
    ``COMMON_TAIL_S``, after the query's start-up),
    then saturated: the source is far ahead and every batch reads
@@ -176,8 +177,16 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
         for alg, p in proposals.items():
             log(f"[{name}] {alg}: {[list(pe) for pe in p.pes]} over {p.partitions} "
                 f"partition(s), modelled max {p.max_rate:,.0f}/s")
-        runs: dict[str, list[dict[str, Any]]] = {alg: [] for alg in proposals}
-        order = list(proposals)
+        # Algorithms proposing the same plan share its runs: one plan, one rate (running
+        # it once per name would only measure the machine's noise between them).
+        runs_of: dict[str, str] = {}
+        for alg, p in proposals.items():
+            key = next((a for a in runs_of.values()
+                        if proposals[a].pes == p.pes
+                        and proposals[a].partitions == p.partitions), alg)
+            runs_of[alg] = key
+        runs: dict[str, list[dict[str, Any]]] = {alg: [] for alg in set(runs_of.values())}
+        order = [alg for alg in proposals if runs_of[alg] == alg]
         for rep in range(reps):
             # Each repetition in another order (a rotation): no plan always runs first.
             for alg in order[rep % len(order):] + order[:rep % len(order)]:
@@ -193,18 +202,21 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
                 result["verifier"] = report.line()
                 result["verified"] = report.ok
                 runs[alg].append(result)
-                log(f"[{name}] rep {rep + 1}/{reps} {alg}: "
+                same = [a for a in proposals if runs_of[a] == alg and a != alg]
+                log(f"[{name}] rep {rep + 1}/{reps} {'/'.join([alg, *same])}: "
                     f"{result['sustainable_rate'] or 0:,.0f}/s, p95 "
                     f"{result['p95_ms'] or 0:,.0f} ms at {common:,.0f}/s; "
                     f"{report.line()[:60]}")
         summary = {}
-        none = _median([r["sustainable_rate"] for r in runs["none"]
+        none = _median([r["sustainable_rate"] for r in runs[runs_of["none"]]
                         if r["sustainable_rate"]])
-        for alg, results in runs.items():
+        for alg in proposals:
+            results = runs[runs_of[alg]]
             rate = _median([r["sustainable_rate"] for r in results if r["sustainable_rate"]])
             summary[alg] = {
                 "pes": [list(pe) for pe in proposals[alg].pes],
                 "partitions": proposals[alg].partitions,
+                "same_plan_as": runs_of[alg] if runs_of[alg] != alg else None,
                 "modelled_max_rate": round(proposals[alg].max_rate, 1),
                 "sustainable_rate_median": rate and round(rate, 1),
                 "sustainable_rates": [r["sustainable_rate"] and round(r["sustainable_rate"], 1)
@@ -229,7 +241,8 @@ def table(name: str, common: float, summary: dict[str, Any]) -> str:
                      f"{s['sustainable_rate_median'] or 0:>10,.0f}"
                      f"{s['vs_none'] or 0:>8.2f}{s['p95_ms_median'] or 0:>9,.0f}"
                      f"{s['modelled_max_rate']:>10,.0f}  "
-                     f"{'OK' if s['verified'] else 'FAILED'}")
+                     f"{'OK' if s['verified'] else 'FAILED'}"
+                     + (f"  (the plan of {s['same_plan_as']})" if s["same_plan_as"] else ""))
     return "\n".join(lines)
 
 

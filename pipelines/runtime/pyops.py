@@ -32,6 +32,7 @@ The two operator sets:
 """
 from __future__ import annotations
 
+import bisect
 import gc
 import json
 import math
@@ -157,8 +158,11 @@ def _quote_format(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
 
 # ----------------------------------------------------------------- NEXMark bids
 def _bid_euro(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
-    # Beam Query1: price * 89 / 100 (integer division of a long).
-    df["price"] = (df["price"].fillna(0).to_numpy().astype(np.int64) * 89) // 100
+    # Beam Query1: price * 89 / 100 (integer division of a long), row by row as a
+    # Python UDF is written (vectorised it costs under 0.1 us a row: less than the
+    # per-call overhead that then swings its measured cost 2-4x).
+    df["price"] = np.asarray([0 if p is None or p != p else int(p) * 89 // 100
+                              for p in df["price"].tolist()], dtype=np.int64)
     return df
 
 
@@ -175,10 +179,13 @@ def _bid_extra(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
 
 
 def _bid_band(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
-    price = df["price"].to_numpy(np.int64)
-    df["band"] = np.searchsorted(np.array([100, 1_000, 10_000, 100_000]), price) \
-        .astype(np.int64)
+    # The price band (bounds 100, 1,000, 10,000, 100,000), row by row as _bid_euro.
+    df["band"] = np.asarray([bisect.bisect_left(_BAND_BOUNDS, p)
+                             for p in df["price"].tolist()], dtype=np.int64)
     return df
+
+
+_BAND_BOUNDS = (100, 1_000, 10_000, 100_000)
 
 
 def _bid_fraud(df: pd.DataFrame, p: dict[str, Any]) -> pd.DataFrame:
