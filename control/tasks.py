@@ -7,7 +7,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from control import lab, live, loop, webhooks
+from control import lab, live, loop, planwatch, webhooks
 from control.models import Decision
 from pipelines.models import RunStatus
 from pipelines.runtime.bus import COMMAND_TTL_S
@@ -32,6 +32,12 @@ def control_tick_all() -> dict[str, int]:
         except Exception:  # one run's bad tick must not starve the others
             log.exception("control tick of run %s failed", run.pk)
     return {"decided": decided}
+
+
+@shared_task
+def watch_plans() -> dict[str, int]:
+    """Celery beat: propose COLA's plan for runs whose processing elements saturate."""
+    return {"proposed": planwatch.watch_plans()}
 
 
 @shared_task(**ACK_WAIT_LIMITS)

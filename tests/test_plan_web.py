@@ -17,13 +17,15 @@ from tests.conftest import make_pipeline_and_policy
 COSTS_US = dict(zip(pyops.HFT_STEPS, (2.0, 0.8, 0.7, 4.0, 0.9, 1.2), strict=True))
 
 
-def _python_run(user, run_dir: Path, rate: float = 2000.0):
-    """A running run of the six-operator pipeline with 20 s of profile and batches."""
+def _python_run(user, run_dir: Path, rate: float = 2000.0, per_byte_s: float = 8e-9,
+                name: str = "plan-web"):
+    """A running run of the six-operator pipeline with 20 s of profile and batches
+    (``per_byte_s``: the CPU its PEs' crossings cost per byte moved)."""
     from pipelines import actions
     from pipelines.models import MetricSample, Pipeline, Run
 
-    _, policy = make_pipeline_and_policy(user, name="plan-policy", max_workers=2)
-    pipeline = actions.save_pipeline(Pipeline(name="plan-web",
+    _, policy = make_pipeline_and_policy(user, name=f"{name}-policy", max_workers=2)
+    pipeline = actions.save_pipeline(Pipeline(name=name,
                                               definition=pyops.hft_split_definition(rate)),
                                      user)
     run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
@@ -41,7 +43,7 @@ def _python_run(user, run_dir: Path, rate: float = 2000.0):
                 moved = rows * (64 + 16 * k) * 2
                 out.write(json.dumps({
                     "t": now - 20 + i, "pe": step, "pid": k, "tasks": 2 + i % 2,
-                    "batches": 2, "cpu_s": op_cpu + 0.004 * (2 + i % 2) + 8e-9 * moved,
+                    "batches": 2, "cpu_s": op_cpu + 0.004 * (2 + i % 2) + per_byte_s * moved,
                     "rows_in": rows, "bytes_in": moved // 2, "rows_out": rows,
                     "bytes_out": moved // 2,
                     "ops": {step: {"cpu_s": op_cpu, "rows_in": rows, "rows_out": rows,
@@ -108,3 +110,23 @@ def test_the_plan_page_says_why_there_is_nothing_to_optimise(local_operator,
     r = client.post(f"/runs/{python_run.pk}/plan/",
                     {"plan": json.dumps({"pes": [list(pyops.HFT_STEPS)]})}, follow=True)
     assert "only while it is running" in r.content.decode()
+
+
+@pytest.mark.django_db
+def test_the_plan_watch_proposes_colas_plan_once_when_the_pes_saturate(
+        local_operator, tmp_path: Path) -> None:
+    from control import planwatch
+    from pipelines.models import RunEvent
+
+    cool = _python_run(local_operator, tmp_path / "cool", name="cool")  # 1-2 % of a core
+    # Crossings that cost 1 us a byte: the unfused plan's tasks need more than a core.
+    hot = _python_run(local_operator, tmp_path / "hot", per_byte_s=1e-6, name="hot")
+    assert planwatch.watch_plans() == 1
+    alert = RunEvent.objects.get(run=hot, kind="alert")
+    assert alert.payload["proposed_plan"] == {"pes": [list(pyops.HFT_STEPS)],
+                                              "partitions": 2}
+    assert "saturate" in alert.message and "COLA proposes 1 PE(s)" in alert.message
+    assert "Optimise plan" in alert.message
+    assert planwatch.watch_plans() == 0  # raised once, not on every pass
+    assert RunEvent.objects.filter(run=hot, kind="alert").count() == 1
+    assert not RunEvent.objects.filter(run=cool, kind="alert").exists()

@@ -171,6 +171,10 @@ CELERY_BEAT_SCHEDULE = {
     # (control.loop); a tick not started within 2 s is dropped, the next one comes.
     "control-tick": {"task": "control.tasks.control_tick_all", "schedule": 1.0,
                      "options": {"expires": 2.0}},
+    # The plan watch (control.planwatch): COLA's plan proposed when a Python PE saturates.
+    "plan-watch": {"task": "control.tasks.watch_plans",
+                   "schedule": float(os.environ.get("PLAN_WATCH_EVERY_S", "30")),
+                   "options": {"expires": 30.0}},
 }
 # Cores the embedded Spark worker offers (1-core executors); also what a policy may ask
 # for when the master's JSON API does not answer (pipelines/cluster_status.py).
