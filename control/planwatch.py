@@ -1,13 +1,14 @@
 """The control app's plan watch: when the processing elements of a running pipeline
-saturate, propose COLA's plan (Khandekar et al., COLA §3: re-fuse from the profile
-when the load changes) as an alert that links to the run's "Optimise plan" page.
+saturate, propose COLA's plan as an alert that points to the run's "Optimise plan"
+page: COLA's profiling loop (Khandekar et al., COLA §4: fuse with the current profile,
+re-profile, fuse again) driven by the running query's own profile.
 
-Celery beat runs ``watch_plans`` every 30 s (``PLAN_WATCH_EVERY_S``). A run is looked at when it runs
-Python operators (a dataflow pipeline's ``python`` nodes); its profile and proposals are
-the plan page's (``pipelines.plans.plan_page``: the last 30 s of the current plan). The
-watch never applies a plan: an operator confirms it on the page (an audited, live
-re-plan). A proposal is raised once per run and plan: the next passes would only
-repeat it while the operator decides.
+Celery beat runs ``watch_plans`` every 30 s (``PLAN_WATCH_EVERY_S``). A run is looked
+at when it runs Python operators (a dataflow pipeline's ``python`` nodes); its
+profile and proposals are the plan page's (``pipelines.plans.plan_page``: the last
+30 s of the current plan). The watch never applies a plan: an operator confirms it on
+the page (an audited, live re-plan). A proposal is raised once per run and plan: the
+next passes would only repeat it while the operator decides.
 """
 from __future__ import annotations
 
