@@ -17,7 +17,7 @@ Per pipeline:
    sustain; a baseline likewise).
 3. **Runs** — every distinct plan ``--reps`` times in turn, each repetition in a
    rotated order (algorithms proposing the same plan share its runs), one fresh run
-   each: ``COMMON_S`` at
+   each: at least ``COMMON_S`` (and 3x the profile run's start-up lag) at
    the common rate (p95 latency: the median of the per-batch p95 over its last
    ``COMMON_TAIL_S``, after the query's start-up),
    then saturated: the source is far ahead and every batch reads
@@ -61,6 +61,11 @@ def log(message: str) -> None:
 
 def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def _ms(value: float | None, unit: str = " ms") -> str:
+    """A latency, or "-" when no batch of the common phase's tail reported one."""
+    return "-" if value is None else f"{value:,.0f}{unit}"
 
 
 def _runner(work: Path, master: str, redis_url: str, doc: dict[str, Any], name: str
@@ -141,6 +146,9 @@ def profile_pipeline(master: str, work: Path, redis_url: str, name: str,
         until = run.metrics[-1]["t"]
         records = sum(m["input_rows"] for m in run.metrics if since < m["t"] <= until)
         result = measure(run, PROFILE_S)
+        # The first batch's commit after the source's zero: the query's start-up, whose
+        # backlog the plans' runs must drain before their common phase's tail.
+        result["start_lag_s"] = round(run.metrics[0]["t"] - run.t0, 2)
     names = {pe_name(pe) for pe in spec.pe_plan.pes}
     prof = planopt.read_profile(profile_dir(run.work / "source-plan"), since, names,
                                 until=until)
@@ -171,6 +179,10 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
                                                   spec.partitions, CORES, alg)
                      for alg in planopt.ALGORITHMS}
         common = COMMON_SHARE * (prof_run["sustainable_rate"] or PROFILE_RATE)
+        # Long enough for the tail to come after the start-up's backlog (measured in the
+        # profile run): at COMMON_SHARE of the capacity a backlog drains in under the
+        # lag that made it; 3x leaves room for a slower start.
+        common_s = max(COMMON_S, COMMON_TAIL_S + 3.0 * prof_run["start_lag_s"])
         # The saturated phase: far above every plan (the source is then ahead at once).
         high = 40 * max(common, max(p.max_rate for p in proposals.values()))
         batch = int(max(2000, 2 * (prof_run["sustainable_rate"] or PROFILE_RATE)))
@@ -194,10 +206,10 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
                 plan = p.pe_plan(spec.pe_plan).as_dict()
                 pdoc = _step_rate(PIPELINES[name](common, plan=plan,
                                                   max_records_per_batch=batch),
-                                  common, COMMON_S, high)
+                                  common, common_s, high)
                 run = _runner(work, master, redis_url, pdoc, f"{name}-{alg}-{rep}")
                 with run:
-                    result = measure(run, COMMON_S)
+                    result = measure(run, common_s)
                 report = verify.verify_run_dir(run.work)
                 result["verifier"] = report.line()
                 result["verified"] = report.ok
@@ -205,7 +217,8 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
                 same = [a for a in proposals if runs_of[a] == alg and a != alg]
                 log(f"[{name}] rep {rep + 1}/{reps} {'/'.join([alg, *same])}: "
                     f"{result['sustainable_rate'] or 0:,.0f}/s, p95 "
-                    f"{result['p95_ms'] or 0:,.0f} ms at {common:,.0f}/s; "
+                    f"{_ms(result['p95_ms'])} at {common:,.0f}/s "
+                    f"({result['common_batches']} batches); "
                     f"{report.line()[:60]}")
         summary = {}
         none = _median([r["sustainable_rate"] for r in runs[runs_of["none"]]
@@ -225,6 +238,7 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
                 "vs_none": round(rate / none, 3) if rate and none else None,
                 "verified": all(r["verified"] for r in results)}
         out["pipelines"].append({"pipeline": name, "common_rate": round(common, 1),
+                                 "common_phase_s": round(common_s, 1),
                                  "measured_graph": measured.as_dict(),
                                  "profile_run": prof_run, "plans": summary,
                                  "runs": runs})
@@ -239,7 +253,7 @@ def table(name: str, common: float, summary: dict[str, Any]) -> str:
     for alg, s in summary.items():
         lines.append(f"{alg:<13}{len(s['pes']):>4}{s['partitions']:>6}"
                      f"{s['sustainable_rate_median'] or 0:>10,.0f}"
-                     f"{s['vs_none'] or 0:>8.2f}{s['p95_ms_median'] or 0:>9,.0f}"
+                     f"{s['vs_none'] or 0:>8.2f}{_ms(s['p95_ms_median'], ''):>9}"
                      f"{s['modelled_max_rate']:>10,.0f}  "
                      f"{'OK' if s['verified'] else 'FAILED'}"
                      + (f"  (the plan of {s['same_plan_as']})" if s["same_plan_as"] else ""))
