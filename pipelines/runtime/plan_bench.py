@@ -30,6 +30,7 @@ A table goes to stderr, the JSON document to stdout.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -182,10 +183,13 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
         # Long enough for the tail to come after the start-up's backlog (measured in the
         # profile run): at COMMON_SHARE of the capacity a backlog drains in under the
         # lag that made it; 3x leaves room for a slower start.
-        common_s = max(COMMON_S, COMMON_TAIL_S + 3.0 * prof_run["start_lag_s"])
+        # (whole seconds: a rate schedule's steps are)
+        common_s = float(math.ceil(max(COMMON_S, COMMON_TAIL_S + 3.0 * prof_run["start_lag_s"])))
         # The saturated phase: far above every plan (the source is then ahead at once).
         high = 40 * max(common, max(p.max_rate for p in proposals.values()))
         batch = int(max(2000, 2 * (prof_run["sustainable_rate"] or PROFILE_RATE)))
+        log(f"[{name}] start-up lag {prof_run['start_lag_s']:.1f} s: each run "
+            f"{common_s:.0f} s at {common:,.0f}/s, then saturated")
         for alg, p in proposals.items():
             log(f"[{name}] {alg}: {[list(pe) for pe in p.pes]} over {p.partitions} "
                 f"partition(s), modelled max {p.max_rate:,.0f}/s")
