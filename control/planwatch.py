@@ -29,11 +29,6 @@ MIN_GAIN = 1.1
 PROPOSAL_TTL_S = 24 * 3600
 
 
-def _has_python_operators(run: Run) -> bool:
-    nodes = (run.pipeline_version.definition or {}).get("nodes") or []
-    return any(isinstance(n, dict) and n.get("type") == "python" for n in nodes)
-
-
 def proposal_message(page: plans.PlanPage) -> str | None:
     """The alert's text when the current plan's PEs saturate their tasks and COLA's
     plan is modelled to sustain at least ``MIN_GAIN`` × the current plan's rate; else
@@ -59,7 +54,7 @@ def watch_plans() -> int:
     raised = 0
     for run in Run.objects.filter(status=RunStatus.RUNNING).select_related(
             "pipeline_version", "policy"):
-        if not _has_python_operators(run):
+        if not plans.has_python_operators(run):
             continue
         try:
             page = plans.plan_page(run)

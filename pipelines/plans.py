@@ -50,6 +50,13 @@ class PlanPage:
                 != (self.proposed.pes, self.proposed.partitions))
 
 
+def has_python_operators(run: Run) -> bool:
+    """Whether the run's pipeline has Python operators (something to fuse), read from
+    the stored definition as it is (the page says why when it does not validate)."""
+    nodes = (run.pipeline_version.definition or {}).get("nodes") or []
+    return any(isinstance(n, dict) and n.get("type") == "python" for n in nodes)
+
+
 def current_plan(run: Run, spec: pdef.PipelineSpec) -> tuple[dataflow.PePlan, float]:
     """The PEs the run's forwarding query runs (and since when): the runner's
     ``pe-plan.json``, else the definition's."""

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_POST
 
 from control import loop
 from control.models import Policy
-from pipelines import actions
+from pipelines import actions, plans
 from pipelines.forms import (
     FrequencyForm,
     MoveGroupsForm,
@@ -105,9 +105,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
                                     executors=actions.current_executors(run)),
         "replan_form": ReplanForm(initial={"key_groups": run.key_groups or 8}),
         "replan_refusal": replan_refusal(run),
-        "has_python_operators": any(n.get("type") == "python" for n in
-                                    run.pipeline_version.definition.get("nodes", [])
-                                    if isinstance(n, dict)),
+        "has_python_operators": plans.has_python_operators(run),
         "frequency_form": FrequencyForm(choices=run.frequencies, initial={
             "ghz": run.frequency_ghz or (max(run.frequencies) if run.frequencies else None)})})
 
@@ -250,7 +248,6 @@ def run_plan(request: HttpRequest, pk: int) -> HttpResponse:
     proposal and the baselines; a POST applies a plan by a seamless re-plan."""
     import json
 
-    from pipelines import plans
 
     run = get_object_or_404(Run.objects.select_related("pipeline_version"), pk=pk)
     if request.method == "POST":
