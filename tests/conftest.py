@@ -31,6 +31,38 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         raise pytest.UsageError(f"marked both dbless and single_pass: {', '.join(both)}")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    _flush_retries_a_deadlock()
+
+
+def _flush_retries_a_deadlock() -> None:
+    """The flush that ends a transactional test (one TRUNCATE of every table) runs while
+    the session's live stack keeps working: beat's reconcile every second, the relay
+    recording events. On PostgreSQL a TRUNCATE that has locked table B and waits for
+    table A, held by a transaction that wrote A and now wants B, is a deadlock, and the
+    server may pick the flush as the victim (CI once failed a passed test so). The flush
+    runs in its own atomic block, so it is rolled back whole and can simply be tried again;
+    the product's transaction, not the harness's, is the one that must not be lost."""
+    from django.db import OperationalError
+    from django.db.backends.base.operations import BaseDatabaseOperations
+
+    original = BaseDatabaseOperations.execute_sql_flush
+    if getattr(original, "retries_a_deadlock", False):
+        return
+
+    def execute_sql_flush(self: BaseDatabaseOperations, sql_list: list[str]) -> None:
+        for attempt in range(5):
+            try:
+                return original(self, sql_list)
+            except OperationalError as exc:
+                if "deadlock detected" not in str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+    execute_sql_flush.retries_a_deadlock = True  # type: ignore[attr-defined]
+    BaseDatabaseOperations.execute_sql_flush = execute_sql_flush  # type: ignore[method-assign]
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str,
              interval: float = 0.25) -> Any:
     """Poll ``predicate`` until it returns something truthy; fail with ``what``."""

@@ -112,8 +112,15 @@ def workers(web_url: str) -> list[WorkerStatus]:
 
 
 def master_json(web_url: str) -> dict:
+    """The master's ``/json/`` status. A master still starting may answer with an empty
+    or partial body (its web server is up before the page is): that is an ``OSError``
+    here, like a master not listening yet, so callers that poll retry on one exception."""
     with urllib.request.urlopen(f"{web_url}/json/", timeout=3) as resp:
-        return json.loads(resp.read())
+        body = resp.read()
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise OSError(f"{web_url}/json/ answered {len(body)} bytes that are not JSON") from exc
 
 
 def ensure_secret(workdir: Path) -> Path:
