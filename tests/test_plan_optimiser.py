@@ -58,6 +58,18 @@ def test_nexmark_bids_through_the_python_operators() -> None:
     assert out["message"][2].startswith("3:9:1000:")
 
 
+def test_each_operator_is_timed_alone_in_a_fresh_process() -> None:
+    """The profile's independent check: every operator of the chain gets a CPU time
+    per row from a process of its own (the caller's heap not timed with it)."""
+    steps = _steps()
+    alone = pyops.time_chain_alone_isolated(steps, _quotes(500), 1.0, pause_s=0.05)
+    assert list(alone) == list(pyops.HFT_STEPS)
+    assert all(0 < v < 1e-3 for v in alone.values()), alone  # under a ms a row
+    broken = [pyops.PeStep("x", "no_such_operator", {})]
+    with pytest.raises(RuntimeError, match="timing the operators alone failed"):
+        pyops.time_chain_alone_isolated(broken, _quotes(10), 0.1)
+
+
 def test_the_plan_is_validated_against_the_graph() -> None:
     def err(plan: dict) -> str:
         with pytest.raises(definition.DefinitionError) as exc:

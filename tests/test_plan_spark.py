@@ -46,7 +46,7 @@ def test_a_profiled_plan_is_optimised_and_applied_live_with_exactly_once_output(
         # on batches of the size the PEs read: a source partition's share of a batch.
         per_call = max(50, int(first[-1]["input_rows"] / spec.partitions))
         mark = len(run.metrics)
-        alone = pyops.time_chain_alone(steps, _sample(spec, per_call, run.t0), 16.0)
+        alone = pyops.time_chain_alone_isolated(steps, _sample(spec, per_call, run.t0), 16.0)
         run.wait_batches(1)
         window = run.metrics[mark:]
         since, until = window[0]["t"], window[-1]["t"]

@@ -141,8 +141,8 @@ def profile_pipeline(master: str, work: Path, redis_url: str, name: str,
         since = run.metrics[-1]["t"]
         rows = max(50, int(run.metrics[-1]["input_rows"] / spec.partitions))
         steps, sample = input_sample(spec, run.t0, rows)
-        alone = pyops.time_chain_alone(steps, sample,
-                                       max(4.0, run.t0 + PROFILE_S - time.time() - 2.0))
+        alone = pyops.time_chain_alone_isolated(
+            steps, sample, max(4.0, run.t0 + PROFILE_S - time.time() - 2.0))
         run.wait_batches(1)  # (the metrics read meanwhile)
         until = run.metrics[-1]["t"]
         records = sum(m["input_rows"] for m in run.metrics if since < m["t"] <= until)
