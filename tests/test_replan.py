@@ -195,6 +195,26 @@ def test_a_generation_behind_covers_planned_batches_and_ends_on_their_boundaries
     assert old._agree(300, 400) == 340
 
 
+def test_a_source_with_nothing_new_plans_no_batch_and_moves_on_when_records_come(
+        tmp_path: Path) -> None:
+    """A schedule that starts at 0 records/s: the first triggers find nothing, plan no
+    empty batch (one from 0 to 0 once made the next trigger's walk loop for ever), and
+    the batch after plans normally."""
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    doc = json.loads(json.dumps(definition.DEMO_DEFINITION))
+    doc["source"]["rate"] = {"kind": "step", "steps": [[0, 0], [2, 500]]}
+    spec = definition.validate(doc)
+    reader = GeneratorStreamReader(source_options(spec, time.time(), tmp_path / "plan"))
+    for _ in range(3):
+        assert reader.latestOffset({"offset": 0}, ReadMaxRows(10_000)) == {"offset": 0}
+    assert not list((tmp_path / "plan").glob("*"))
+    behind = _reader(tmp_path / "plan")  # a reader an hour ahead finds records at once
+    first = behind.latestOffset({"offset": 0}, ReadMaxRows(100))["offset"]
+    assert first == 100
+    assert reader._agree(0, 0) == 0 and reader._agree(0, 50) == 100
+
+
 def test_the_source_holds_until_the_snapshot_is_loaded(tmp_path: Path) -> None:
     from pyspark.sql.streaming.datasource import ReadMaxRows
 

@@ -147,6 +147,12 @@ class GeneratorStreamReader(DataSourceStreamReader):
         fewer, larger batches and stays on the boundaries it must meet at the hand-over.
         """
         assert self.plan_dir is not None
+        if end <= begin:
+            # Nothing new (a rate of 0, or a trigger sooner than the next record): no
+            # batch, so nothing to agree on. A planned end equal to its start would name
+            # itself as the batch after it, and the walk below would follow it for ever
+            # (a schedule starting at 0 records/s once hung a query after batch 0).
+            return begin
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         path = self.plan_dir / str(begin)
         try:
@@ -158,7 +164,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
                 if not following.exists():
                     return agreed
                 further = self._planned(following)
-                if further > end:
+                if further > end or further <= agreed:  # (a planned end is never its start)
                     return agreed
                 agreed = further
         with os.fdopen(fd, "w") as out:
