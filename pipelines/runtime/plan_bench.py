@@ -17,7 +17,8 @@ Per pipeline:
    sustain; a baseline likewise).
 3. **Runs** — every distinct plan ``--reps`` times in turn, each repetition in a
    rotated order (algorithms proposing the same plan share its runs), one fresh run
-   each: at least ``COMMON_S`` (and 3x the profile run's start-up lag) at
+   each: silent until the query is up (the profile run's start-up lag, with a
+   margin), then ``COMMON_S`` at
    the common rate (p95 latency: the median of the per-batch p95 over its last
    ``COMMON_TAIL_S``, after the query's start-up),
    then saturated: the source is far ahead and every batch reads
@@ -75,9 +76,12 @@ def _runner(work: Path, master: str, redis_url: str, doc: dict[str, Any], name: 
                          max_workers=CORES, initial_workers=CORES)
 
 
-def _step_rate(doc: dict[str, Any], low: float, low_s: float, high: float) -> dict[str, Any]:
-    source = doc["nodes"][0]
-    source["rate"] = {"kind": "step", "steps": [[0, low], [low_s, high]]}
+def _step_rate(doc: dict[str, Any], low: float, low_s: float, high: float,
+               lead_s: float = 0.0) -> dict[str, Any]:
+    """``low`` records/s until ``low_s``, then ``high``; nothing before ``lead_s``."""
+    steps = [[0, low], [low_s, high]] if not lead_s else [[0, 0], [lead_s, low],
+                                                          [low_s, high]]
+    doc["nodes"][0]["rate"] = {"kind": "step", "steps": steps}
     return doc
 
 
@@ -180,16 +184,17 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
                                                   spec.partitions, CORES, alg)
                      for alg in planopt.ALGORITHMS}
         common = COMMON_SHARE * (prof_run["sustainable_rate"] or PROFILE_RATE)
-        # Long enough for the tail to come after the start-up's backlog (measured in the
-        # profile run): at COMMON_SHARE of the capacity a backlog drains in under the
-        # lag that made it; 3x leaves room for a slower start.
-        # (whole seconds: a rate schedule's steps are)
-        common_s = float(math.ceil(max(COMMON_S, COMMON_TAIL_S + 3.0 * prof_run["start_lag_s"])))
+        # The source is silent until the query is up (the profile run's measured
+        # start-up lag, with a margin): the common phase then has no start-up backlog
+        # to drain, and its tail is the plan at the common rate. (Whole seconds: a rate
+        # schedule's steps are.)
+        lead_s = float(math.ceil(1.25 * prof_run["start_lag_s"] + 2.0))
+        common_s = lead_s + COMMON_S
         # The saturated phase: far above every plan (the source is then ahead at once).
         high = 40 * max(common, max(p.max_rate for p in proposals.values()))
         batch = int(max(2000, 2 * (prof_run["sustainable_rate"] or PROFILE_RATE)))
-        log(f"[{name}] start-up lag {prof_run['start_lag_s']:.1f} s: each run "
-            f"{common_s:.0f} s at {common:,.0f}/s, then saturated")
+        log(f"[{name}] start-up lag {prof_run['start_lag_s']:.1f} s: each run silent "
+            f"{lead_s:.0f} s, {COMMON_S:.0f} s at {common:,.0f}/s, then saturated")
         for alg, p in proposals.items():
             log(f"[{name}] {alg}: {[list(pe) for pe in p.pes]} over {p.partitions} "
                 f"partition(s), modelled max {p.max_rate:,.0f}/s")
@@ -210,7 +215,7 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
                 plan = p.pe_plan(spec.pe_plan).as_dict()
                 pdoc = _step_rate(PIPELINES[name](common, plan=plan,
                                                   max_records_per_batch=batch),
-                                  common, common_s, high)
+                                  common, common_s, high, lead_s)
                 run = _runner(work, master, redis_url, pdoc, f"{name}-{alg}-{rep}")
                 with run:
                     result = measure(run, common_s)
@@ -242,7 +247,7 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
                 "vs_none": round(rate / none, 3) if rate and none else None,
                 "verified": all(r["verified"] for r in results)}
         out["pipelines"].append({"pipeline": name, "common_rate": round(common, 1),
-                                 "common_phase_s": round(common_s, 1),
+                                 "silent_lead_s": lead_s,
                                  "measured_graph": measured.as_dict(),
                                  "profile_run": prof_run, "plans": summary,
                                  "runs": runs})
