@@ -5,8 +5,8 @@ re-profile, fuse again) driven by the running query's own profile.
 
 Celery beat runs ``watch_plans`` every 30 s (``PLAN_WATCH_EVERY_S``). A run is looked
 at when it runs Python operators (a dataflow pipeline's ``python`` nodes); its
-profile and proposals are the plan page's (``pipelines.plans.plan_page``: the last
-30 s of the current plan). The watch never applies a plan: an operator confirms it on
+profile and COLA's proposal are the plan page's (``pipelines.plans.plan_page``: the
+last 30 s of the current plan; no other algorithm and no drawing). The watch never applies a plan: an operator confirms it on
 the page (an audited, live re-plan). A proposal is raised once per run and plan: the
 next passes would only repeat it while the operator decides.
 """
@@ -57,7 +57,7 @@ def watch_plans() -> int:
         if not plans.has_python_operators(run):
             continue
         try:
-            page = plans.plan_page(run)
+            page = plans.plan_page(run, algorithms=("cola",), draw=False)
             message = None if page.refusal else proposal_message(page)
         except Exception:  # one run's unreadable profile must not stop the others
             log.exception("plan watch of run %s failed", run.pk)

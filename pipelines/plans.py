@@ -71,7 +71,11 @@ def current_plan(run: Run, spec: pdef.PipelineSpec) -> tuple[dataflow.PePlan, fl
         return spec.pe_plan, 0.0
 
 
-def plan_page(run: Run) -> PlanPage:
+def plan_page(run: Run, algorithms: tuple[str, ...] = planopt.ALGORITHMS,
+              draw: bool = True) -> PlanPage:
+    """The page of ``run``: its current plan and each of ``algorithms``' proposal on
+    the measured profile, and (``draw``) the DAG laid out with the measured facts. The
+    plan watch asks for COLA's proposal only and no drawing."""
     try:
         spec = pdef.validate(run.pipeline_version.definition)
     except pdef.DefinitionError as exc:
@@ -108,13 +112,14 @@ def plan_page(run: Run) -> PlanPage:
                     window_s=span)
     page.current = planopt.evaluate(spec.graph, measured, list(plan.pes), max(rate, 1.0),
                                     max(plan.partitions, spec.partitions), "current", plan)
-    for alg in planopt.ALGORITHMS:
+    for alg in algorithms:
         best = planopt.max_sustainable(spec.graph, measured, plan, spec.partitions, cores,
                                        alg)
         # Shown at the run's rate (loads), with the rate it is modelled to sustain.
         page.proposals[alg] = planopt.evaluate(spec.graph, measured, list(best.pes),
                                                max(rate, 1.0), best.partitions, alg, plan)
-    _draw(page, plan)
+    if draw:
+        _draw(page, plan)
     return page
 
 
