@@ -6,8 +6,8 @@ re-profile, fuse again) driven by the running query's own profile.
 Celery beat runs ``watch_plans`` every 30 s (``PLAN_WATCH_EVERY_S``). A run is looked
 at when it runs Python operators (a dataflow pipeline's ``python`` nodes); its
 profile and COLA's proposal are the plan page's (``pipelines.plans.plan_page``: the
-last 30 s of the current plan; no other algorithm and no drawing). The watch never applies a plan: an operator confirms it on
-the page (an audited, live re-plan). A proposal is raised once per run and plan: the
+last 30 s of the current plan; no other algorithm and no drawing). The watch never
+applies a plan: an operator confirms it on the page (an audited, live re-plan). A proposal is raised once per run and plan: the
 next passes would only repeat it while the operator decides.
 """
 from __future__ import annotations

@@ -427,8 +427,7 @@ def _time_alone_main(argv: list[str]) -> int:
     import pyarrow  # noqa: F401
     import pyspark.worker  # noqa: F401
     job = pd.read_pickle(argv[0])
-    steps = [PeStep(s.node_id, s.function, s.params) for s in job["steps"]]
-    times = time_chain_alone(steps, job["sample"], job["seconds"], job["pause_s"])
+    times = time_chain_alone(job["steps"], job["sample"], job["seconds"], job["pause_s"])
     Path(argv[1]).write_text(json.dumps(times))
     return 0
 
