@@ -23,16 +23,56 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """make test runs dbless tests only on PostgreSQL and single_pass tests only on
-    SQLite: a test marked both would run in neither pass."""
-    both = [i.nodeid for i in items
-            if i.get_closest_marker("dbless") and i.get_closest_marker("single_pass")]
-    if both:
-        raise pytest.UsageError(f"marked both dbless and single_pass: {', '.join(both)}")
+    """make test runs dbless tests only on PostgreSQL, single_pass tests only on SQLite
+    and both_engines tests on both: a test with two of these markers is a mistake."""
+    marks = ("dbless", "single_pass", "both_engines")
+    clash = [i.nodeid for i in items if sum(bool(i.get_closest_marker(m)) for m in marks) > 1]
+    if clash:
+        raise pytest.UsageError(f"marked with more than one of {', '.join(marks)}: "
+                                f"{', '.join(clash)}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     _flush_retries_a_deadlock()
+
+
+# Where the Spark tests' time went: per test, its wall time and its harness runs'
+# start-ups (to the application, the query, the first batch), printed at the end.
+_SPARK_TIME: list[tuple[str, float, list[dict[str, Any]]]] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    from pipelines.runtime.harness import RunnerProcess
+
+    if not item.get_closest_marker("spark"):
+        yield
+        return
+    mark, started = len(RunnerProcess.started), time.monotonic()
+    yield
+    runs = [r.start_up() for r in RunnerProcess.started[mark:]]
+    _SPARK_TIME.append((item.nodeid, time.monotonic() - started, runs))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _SPARK_TIME:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("where the Spark tests' time went")
+    write("test call s | harness runs (warm: adopted a standby) | start-up s: "
+          "application / query / first batch, each from the run's start")
+    total = sum(t for _n, t, _r in _SPARK_TIME)
+    starts = 0.0
+    for nodeid, took, runs in sorted(_SPARK_TIME, key=lambda x: -x[1]):
+        shown = []
+        for r in runs:
+            parts = [f"{r[k]:.0f}" if r[k] is not None else "-"
+                     for k in ("session_s", "query_s", "first_batch_s")]
+            shown.append(("warm " if r["warm"] else "cold ") + "/".join(parts))
+            starts += r["first_batch_s"] or 0.0
+        write(f"{took:7.1f} {nodeid.split('::', 1)[1][:70]:70} {'; '.join(shown)}")
+    write(f"spark tests {total:.0f} s, of which {starts:.0f} s from a harness run's "
+          "start to its first batch")
 
 
 def _flush_retries_a_deadlock() -> None:
@@ -133,6 +173,46 @@ def spark_cluster() -> Iterator[Any]:
     yield info
     cluster.stop(info)
     (Path(settings.SPARK_DIR) / "cluster.json").unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def standby_pool(spark_cluster: Any, tmp_path_factory: pytest.TempPathFactory
+                 ) -> Iterator[Any]:
+    """Warm standby runners for the harness's runs (``harness.StandbyPool``): each run
+    adopts one that warmed up while the previous test worked, instead of paying a
+    Spark application's start itself. ``STREAMWISE_TEST_STANDBYS=0`` starts every
+    run cold."""
+    from pipelines.runtime.harness import StandbyPool
+
+    if os.environ.get("STREAMWISE_TEST_STANDBYS", "1") == "0":
+        yield None
+        return
+    pool = StandbyPool(tmp_path_factory.mktemp("standbys"), spark_cluster.master_url,
+                       os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")).start()
+    try:
+        yield pool
+    finally:
+        pool.close()
+        print(f"\nstandby pool: {pool.adopted} runs adopted a warm standby, "
+              f"{pool.cold} started cold")
+
+
+@pytest.fixture(autouse=True)
+def _harness_runs_adopt_standbys(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The Spark tests without a database drive runners through the harness: they
+    start them on the standby pool. (Those on the live stack start theirs through
+    the control plane, which keeps no standby in tests.)"""
+    from pipelines.runtime.harness import RunnerProcess
+
+    node = request.node
+    if not (node.get_closest_marker("spark") and node.get_closest_marker("dbless")):
+        yield
+        return
+    RunnerProcess.pool = request.getfixturevalue("standby_pool")
+    try:
+        yield
+    finally:
+        RunnerProcess.pool = None
 
 
 @pytest.fixture(scope="session")

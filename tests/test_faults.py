@@ -362,6 +362,7 @@ def test_the_relay_follows_the_databases_active_runs_when_redis_forgot_them(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.both_engines  # a duplicate in a savepoint
 def test_the_relay_reads_again_what_it_could_not_store_and_pushes_it_once(
         operator, monkeypatch) -> None:
     from pipelines import actions

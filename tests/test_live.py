@@ -88,6 +88,7 @@ def test_websocket_receives_metrics_pushed_by_the_relay(operator) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.both_engines  # a read beside a write: isolation
 def test_a_change_pushed_while_the_snapshot_is_read_reaches_the_page(
         operator, monkeypatch) -> None:
     """The consumer joins the run's group before it reads the snapshot: a change that
@@ -237,6 +238,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.both_engines  # concurrent writers: locking
 def test_tasks_on_a_real_worker_are_idempotent(live_stack, operator) -> None:
     from pipelines import tasks
     from pipelines.models import Run

@@ -246,6 +246,7 @@ def test_user_and_role_changes_are_audited_from_the_cli_and_the_admin() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.both_engines  # a trigger on PostgreSQL, the model on SQLite
 def test_the_audit_log_cannot_be_edited_or_deleted(world, django_db_blocker) -> None:
     from django.db import DatabaseError, connection, transaction
 

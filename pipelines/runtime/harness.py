@@ -10,13 +10,18 @@ benchmarks and the runtime's Spark tests use (the product goes through Celery).
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from pipelines.runtime import bus as busmod
+from pipelines.runtime import standby as sb
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +30,126 @@ class HarnessError(RuntimeError):
     pass
 
 
+class StandbyPool:
+    """Standby runners (``pipelines.runtime.standby``) for a series of harness runs: one
+    warms up while the previous run works, and the next ``RunnerProcess`` adopts it
+    instead of starting cold (the driver's JVM and SparkContext, an executor, the first
+    micro-batch's class loading and Python workers: most of a short run's start, paid
+    once per run otherwise). Its standbys offer themselves on the pool's own Redis list,
+    so the control plane never claims them.
+
+    A new standby is started ``quiet_s`` after a run adopted the last one, not at
+    once: the adopting run's own start (its first batch, a second executor) would
+    otherwise compete with the warm-up for the cores. A run the pool cannot serve (one
+    it does not fit, or a standby that failed) starts cold, as without a pool."""
+
+    def __init__(self, work: Path, master_url: str, redis_url: str, max_workers: int = 4,
+                 executor_memory: str = "512m", quiet_s: float = 15.0) -> None:
+        self.work = Path(work)
+        self.master_url, self.redis_url = master_url, redis_url
+        self.max_workers, self.executor_memory = max_workers, executor_memory
+        self.quiet_s = quiet_s
+        self.ready_key = f"streamwise:standby:pool:{uuid.uuid4().hex[:8]}:ready"
+        self.r = busmod.connect(redis_url)
+        self._lock = threading.Lock()
+        self._next: tuple[str, subprocess.Popen] | None = None
+        self._timer: threading.Timer | None = None
+        self._closed = False
+        self.adopted = 0
+        self.cold = 0
+
+    def start(self) -> StandbyPool:
+        self._launch()
+        return self
+
+    def _launch(self) -> None:
+        with self._lock:
+            if self._closed or self._next is not None:
+                return
+            standby_id = uuid.uuid4().hex[:12]
+            work = self.work / standby_id
+            work.mkdir(parents=True, exist_ok=True)
+            cfg = sb.StandbyConfig(standby_id=standby_id, redis_url=self.redis_url,
+                                   master_url=self.master_url, work_dir=str(work),
+                                   max_workers=self.max_workers,
+                                   executor_memory=self.executor_memory,
+                                   ready_key=self.ready_key)
+            (work / "standby.json").write_text(json.dumps(asdict(cfg), indent=1))
+            proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.runner",
+                                     "--standby", str(work / "standby.json")], cwd=ROOT,
+                                    stdout=open(work / "standby.log", "ab"),
+                                    stderr=subprocess.STDOUT)
+            self._next = (standby_id, proc)
+
+    def take(self, run_config: dict[str, Any], timeout_s: float = 300.0
+             ) -> tuple[str, subprocess.Popen] | None:
+        """The warm standby for a run with this config, once its offer is up (the
+        standby id and its process), or None: start the run cold."""
+        with self._lock:
+            pending, self._next = self._next, None
+        if pending is None:
+            self.cold += 1
+            self._launch_later()
+            return None
+        standby_id, proc = pending
+        offer = sb.Offer(standby_id, proc.pid, self.master_url, self.max_workers,
+                         self.executor_memory, "", 0.0)
+        if sb.fits(offer, run_config) is not None:
+            with self._lock:
+                self._next = pending  # kept for a run it fits
+            self.cold += 1
+            return None
+        deadline = time.monotonic() + timeout_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            raw = self.r.lpop(self.ready_key)
+            if raw is not None:
+                if sb.Offer.from_json(raw).standby_id == standby_id:
+                    self.adopted += 1
+                    self._launch_later()
+                    return standby_id, proc
+                continue  # an offer of a standby the pool already gave up on
+            time.sleep(0.1)
+        _end(proc)
+        self.cold += 1
+        self._launch_later()
+        return None
+
+    def _launch_later(self) -> None:
+        timer = threading.Timer(self.quiet_s, self._launch)
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+
+    def close(self) -> None:
+        """End the standby still warming or waiting (it withdraws its offer)."""
+        with self._lock:
+            self._closed = True
+            pending, self._next = self._next, None
+        if self._timer is not None:
+            self._timer.cancel()
+        if pending is not None:
+            _end(pending[1])
+        self.r.delete(self.ready_key)
+
+
+def _end(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 class RunnerProcess:
+    # Set (e.g. by a test session) to start runs on its warm standbys.
+    pool: StandbyPool | None = None
+    # Every run this process started, for a report of where their time went
+    # (``start_up``).
+    started: list[RunnerProcess] = []
+
     def __init__(self, work: Path, master_url: str, definition: dict[str, Any],
                  redis_url: str, run_id: int = 990_002, token: str = "harness",
                  **config: Any) -> None:
@@ -46,6 +170,16 @@ class RunnerProcess:
         self.work.mkdir(parents=True, exist_ok=True)
         self.bus.reset()
         (self.work / "runner.json").write_text(json.dumps(self.config, indent=1))
+        self.started_at = time.time()
+        self.warm = False
+        RunnerProcess.started.append(self)
+        pool = self.pool
+        warm = pool.take(self.config) if pool is not None else None
+        if pool is not None and warm is not None:
+            standby_id, self.proc = warm
+            self.warm = True
+            pool.r.rpush(sb.config_key(standby_id), str(self.work / "runner.json"))
+            return self
         log = open(self.work / "runner.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.runner",
                                       str(self.work / "runner.json")], cwd=ROOT, stdout=log,
@@ -83,6 +217,19 @@ class RunnerProcess:
             self.proc.terminate()
             self.proc.wait(timeout=30)
         self.poll(block_ms=10)
+
+    def start_up(self) -> dict[str, float | bool | None]:
+        """Seconds from ``start`` to the Spark application (the driver's JVM and
+        SparkContext, or a standby adopted), its executors, the query, and the first
+        batch's commit (its metrics record); None for what has not happened."""
+        def at(kind: str) -> float | None:
+            e = next((e for e in self.events if e["type"] == kind), None)
+            return None if e is None else e["t"] - self.started_at
+
+        first = min((m["t"] for m in self.metrics if "t" in m), default=None)
+        return {"warm": self.warm, "session_s": at("session_started"),
+                "executors_s": at("executors_ready"), "query_s": at("query_started"),
+                "first_batch_s": None if first is None else first - self.started_at}
 
     @property
     def t0(self) -> float:

@@ -72,6 +72,9 @@ class StandbyConfig:
     work_dir: str
     max_workers: int = 4
     executor_memory: str = "512m"
+    # Where it offers itself: the control plane's list, or a harness pool's own
+    # (harness.StandbyPool), whose standbys no run of the control plane may claim.
+    ready_key: str = READY_KEY
 
     @classmethod
     def load(cls, path: str | Path) -> StandbyConfig:
@@ -190,7 +193,7 @@ class Standby:
                            cfg.executor_memory, self.spark.sparkContext.applicationId,
                            time.time())
         offer_json = self.offer.to_json()
-        self.r.rpush(READY_KEY, offer_json)
+        self.r.rpush(cfg.ready_key, offer_json)
         print(f"standby {cfg.standby_id} ready after {time.perf_counter() - started:.1f}s "
               f"(warm-up {warm_s:.1f}s), app {self.offer.app_id}", flush=True)
         idle_until = time.monotonic() + MAX_IDLE_S
@@ -201,10 +204,10 @@ class Standby:
                 self.adopted.set()
                 return got[1]
             if jsc.isStopped():
-                self.r.lrem(READY_KEY, 1, offer_json)
+                self.r.lrem(cfg.ready_key, 1, offer_json)
                 raise RuntimeError("the standby's Spark application ended (cluster gone?)")
             if self.stop.is_set() or time.monotonic() > idle_until:
-                if self.r.lrem(READY_KEY, 1, offer_json):
+                if self.r.lrem(cfg.ready_key, 1, offer_json):
                     return None
                 # Already claimed: the run's config is on its way.
                 got = self.r.blpop([config_key(cfg.standby_id)], timeout=10)
