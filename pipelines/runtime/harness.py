@@ -40,8 +40,10 @@ class StandbyPool:
 
     A new standby is started ``quiet_s`` after a run adopted the last one, not at
     once: the adopting run's own start (its first batch, a second executor) would
-    otherwise compete with the warm-up for the cores. A run the pool cannot serve (one
-    it does not fit, or a standby that failed) starts cold, as without a pool."""
+    otherwise compete with the warm-up for the cores. A run that comes sooner starts
+    it at once and waits for it (a cold start beside a warm-up would pay both). A run
+    the pool cannot serve (one it does not fit, or a standby that failed) starts
+    cold, as without a pool."""
 
     def __init__(self, work: Path, master_url: str, redis_url: str, max_workers: int = 4,
                  executor_memory: str = "512m", quiet_s: float = 15.0) -> None:
@@ -85,11 +87,15 @@ class StandbyPool:
              ) -> tuple[str, subprocess.Popen] | None:
         """The warm standby for a run with this config, once its offer is up (the
         standby id and its process), or None: start the run cold."""
+        if self._timer is not None:
+            # Runs in quick succession: start the next standby now and wait for it,
+            # rather than start this run cold beside its warm-up.
+            self._timer.cancel()
+            self._launch()
         with self._lock:
             pending, self._next = self._next, None
-        if pending is None:
+        if pending is None:  # closed
             self.cold += 1
-            self._launch_later()
             return None
         standby_id, proc = pending
         offer = sb.Offer(standby_id, proc.pid, self.master_url, self.max_workers,
@@ -115,6 +121,8 @@ class StandbyPool:
         return None
 
     def _launch_later(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
         timer = threading.Timer(self.quiet_s, self._launch)
         timer.daemon = True
         self._timer = timer
