@@ -5,7 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.common.exceptions import (
+    NoSuchElementException,
+    StaleElementReferenceException,
+    WebDriverException,
+)
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -91,12 +95,16 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
         shot = Path(live_stack.logs) / "browser-run.png"
         browser.save_screenshot(str(shot))
         browser.find_element(By.ID, "stop-run").click()
-        # The stop form POSTs and redirects back to this page: the status element is
-        # replaced under the wait, so a lookup may hit the old (stale) or no element.
+        # The stop form POSTs and redirects back to this page: the document is
+        # replaced under the wait. The status is read in one script call (no element
+        # handle to outlive its document); a call that meets the navigation itself
+        # (Chrome: "Node with given id does not belong to the document") is polled
+        # again.
         WebDriverWait(browser, 120, poll_frequency=1,
-                      ignored_exceptions=(StaleElementReferenceException,
-                                          NoSuchElementException)).until(
-            lambda d: d.find_element(By.ID, "run-status").text == "stopped")
+                      ignored_exceptions=(WebDriverException,)).until(
+            lambda d: d.execute_script(
+                "const e = document.getElementById('run-status');"
+                " return e ? e.textContent.trim() : null;") == "stopped")
     finally:
         stop_and_wait(run.pk, operator)
     run.refresh_from_db()
