@@ -70,11 +70,10 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
                      for k in ("session_s", "query_s", "first_batch_s")]
             shown.append(("warm " if r["warm"] else "cold ") + "/".join(parts))
             starts += r["first_batch_s"] or 0.0
-        name = nodeid.split("::", 1)[1]
-        if "[" in name:  # a parametrised test: its parameters, whatever the name's length
-            name = name[:name.index("[")][:60 - len(name) + name.index("[")] \
-                + name[name.index("["):]
-        write(f"{took:7.1f} {name[:60]:60} {'; '.join(shown)}")
+        # A parametrised test keeps its parameters, however long its name.
+        test, bracket, params = nodeid.split("::", 1)[1].partition("[")
+        name = test[:max(0, 60 - len(bracket + params))] + bracket + params
+        write(f"{took:7.1f} {name:60} {'; '.join(shown)}")
     write(f"spark tests {total:.0f} s, of which {starts:.0f} s from a harness run's "
           "start to its first batch")
 

@@ -35,9 +35,9 @@ def _profile_agrees_with_the_operators_timed_alone(profiled: dict[str, float],
                                                    alone: dict[str, float]) -> None:
     """Each operator's µs a row in the run's profile against the same operator timed
     alone in a fresh process. The two are taken in different processes at different
-    moments, so the machine's speed between them may differ (another process on a
-    core made one operator's ratio 1.36 once, failing a 25-% bound). The machine's
-    speed moves every operator's ratio alike, so each ratio is judged against their
+    moments, so the machine's speed between them may differ, e.g. while another
+    process takes a core: no fixed bound on one ratio holds. The machine's speed
+    moves every operator's ratio alike, so each ratio is judged against their
     median; what a wrong profile does (an operator's rows or CPU given to another, a
     cost per batch read as per row) moves one ratio by far more than the factor 2
     allowed, while a busy or quiet core does not move one operator alone by 2x."""

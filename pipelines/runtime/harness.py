@@ -30,6 +30,11 @@ class HarnessError(RuntimeError):
     pass
 
 
+# A standby still warming ends its Spark application on SIGTERM (standby_main's
+# withdraw, at most runner.SIGTERM_EXIT_S) before it is killed.
+STANDBY_END_GRACE_S = 15.0
+
+
 class StandbyPool:
     """Standby runners (``pipelines.runtime.standby``) for a series of harness runs: one
     warms up while the previous run works, and the next ``RunnerProcess`` adopts it
@@ -107,15 +112,13 @@ class StandbyPool:
             return None
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None and time.monotonic() < deadline:
-            raw = self.r.lpop(self.ready_key)
-            if raw is not None:
-                if sb.Offer.from_json(raw).standby_id == standby_id:
-                    self.adopted += 1
-                    self._launch_later()
-                    return standby_id, proc
-                continue  # an offer of a standby the pool already gave up on
-            time.sleep(0.1)
-        _end(proc)
+            got = self.r.blpop([self.ready_key], timeout=1)
+            # Another offer is one of a standby the pool already gave up on.
+            if got is not None and sb.Offer.from_json(got[1]).standby_id == standby_id:
+                self.adopted += 1
+                self._launch_later()
+                return standby_id, proc
+        _end(proc, STANDBY_END_GRACE_S)
         self.cold += 1
         self._launch_later()
         return None
@@ -136,11 +139,12 @@ class StandbyPool:
         if self._timer is not None:
             self._timer.cancel()
         if pending is not None:
-            _end(pending[1])
+            _end(pending[1], STANDBY_END_GRACE_S)
         self.r.delete(self.ready_key)
 
 
-def _end(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+def _end(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``; nothing if it has ended already."""
     if proc.poll() is not None:
         return
     proc.send_signal(signal.SIGTERM)
@@ -206,14 +210,8 @@ class RunnerProcess:
     def terminate(self, grace_s: float = 5.0) -> None:
         """End the runner fast: SIGTERM (it stops its query and leaves), SIGKILL after
         ``grace_s`` (its driver JVM exits with it; its executors with the cluster)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
+        if self.proc is not None:
+            _end(self.proc, grace_s)
 
     def stop(self, timeout_s: float = 90.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
