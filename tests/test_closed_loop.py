@@ -21,7 +21,10 @@ from pipelines.runtime import calibration, definition
 from tests.conftest import stop_and_wait, wait_for
 from pipelines.management.browser import headless_chromium, log_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.single_pass]
+# alone: its rate step is derived from a calibration, which a load that changes between
+# the two (the other lane of make test going from unit tests to Spark runs) falsifies.
+pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.single_pass,
+              pytest.mark.alone]
 STALE = (StaleElementReferenceException, NoSuchElementException)
 
 # Start -> the scale-up decision on the page (the promise to a newcomer), on a
