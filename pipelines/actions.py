@@ -15,6 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from audit import log as audit
+from audit.tracking import recorded_by_caller
 from control.models import Policy
 from pipelines.models import (
     TRANSITIONS,
@@ -211,9 +212,11 @@ def update_config(run: Run, **fields: Any) -> None:
 def create_run(pipeline: Pipeline, policy: Policy, user: Any) -> Run:
     """Create a run of the pipeline's current version and queue its start."""
     version = policy.current_version(user)  # the run keeps it until switched
-    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
-                             policy_version=version.version, created_by=user, workers=0,
-                             key_groups=int(pipeline.definition.get("key_groups", 8)))
+    with recorded_by_caller():  # the run.created event below is its audit entry
+        run = Run.objects.create(
+            pipeline_version=pipeline.current_version, policy=policy,
+            policy_version=version.version, created_by=user, workers=0,
+            key_groups=int(pipeline.definition.get("key_groups", 8)))
     record_event(run, EventKind.CREATED, actor_for(user),
                  f"run of {pipeline.name} v{pipeline.version} under policy {policy.name} "
                  f"v{version.version}")

@@ -1,6 +1,27 @@
+"""The admin site's view of pipelines and runs: read-only but for a pipeline's own
+fields. A run changes through its actions (start, stop, reconfigure: each a RunEvent
+and an audit entry), a version is what a pipeline's edit made, samples and events are
+measurements and history: editing them here would skip what the actions check and
+record."""
+from typing import Any
+
 from django.contrib import admin
 
 from pipelines.models import MetricSample, Pipeline, PipelineVersion, Run, RunEvent
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Shown to those who may view the model; added, changed and deleted by no one
+    here (superusers included)."""
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
+        return False
 
 
 class VersionInline(admin.TabularInline):
@@ -8,6 +29,9 @@ class VersionInline(admin.TabularInline):
     extra = 0
     readonly_fields = ("version", "definition", "created_by", "created_at")
     can_delete = False
+
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
+        return False  # a version is made by editing the pipeline (actions.save_pipeline)
 
 
 @admin.register(Pipeline)
@@ -18,7 +42,7 @@ class PipelineAdmin(admin.ModelAdmin):
 
 
 @admin.register(PipelineVersion)
-class PipelineVersionAdmin(admin.ModelAdmin):
+class PipelineVersionAdmin(ReadOnlyAdmin):
     list_display = ("pipeline", "version", "created_at")
 
 
@@ -29,34 +53,25 @@ class EventInline(admin.TabularInline):
     readonly_fields = ("at", "kind", "actor", "message", "payload")
     fields = readonly_fields
 
-    def has_add_permission(self, request, obj=None):
+    def has_add_permission(self, request: Any, obj: Any = None) -> bool:
         return False
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ReadOnlyAdmin):
     list_display = ("id", "pipeline_version", "policy", "status", "workers", "created_at")
     list_filter = ("status",)
     inlines = [EventInline]
 
-    def has_delete_permission(self, request, obj=None):
-        return False  # deleting a run would delete its audit trail (RunEvent)
-
 
 @admin.register(RunEvent)
-class RunEventAdmin(admin.ModelAdmin):
+class RunEventAdmin(ReadOnlyAdmin):  # append-only
     list_display = ("run", "at", "kind", "actor", "message")
     list_filter = ("kind",)
 
-    def has_change_permission(self, request, obj=None):
-        return False  # append-only
-
-    def has_delete_permission(self, request, obj=None):
-        return False  # append-only
-
 
 @admin.register(MetricSample)
-class MetricSampleAdmin(admin.ModelAdmin):
+class MetricSampleAdmin(ReadOnlyAdmin):
     list_display = ("run", "batch_id", "t", "latency_p95_ms", "output_rate", "workers",
                     "power_w", "power_measured")
     list_filter = ("power_measured",)

@@ -275,6 +275,122 @@ def test_the_audit_log_cannot_be_edited_or_deleted(world, django_db_blocker) -> 
     assert admin_client.get(f"/admin/pipelines/runevent/{event.pk}/delete/").status_code == 403
 
 
+@pytest.mark.django_db
+def test_the_admin_site_shows_runs_versions_samples_and_events_read_only(world) -> None:
+    """Issue 48: an admin changed a run's status, dry_run, checkpoint_dir and runner_pid
+    and a superuser a version's definition in the admin, with no audit entry. Now no
+    one changes, adds or deletes them there; the pipeline's page adds no version."""
+    from django.contrib import admin
+    from django.test import RequestFactory
+    from django.utils import timezone
+
+    from pipelines.models import MetricSample, Pipeline, Run
+
+    run = world["run"]
+    MetricSample.objects.create(run=run, batch_id=0, t=timezone.now(), latency_p95_ms=10.0)
+    sample = MetricSample.objects.get(run=run)
+    version = world["pipeline"].current_version
+    event = run.events.first()
+    for who in ("admin", "superuser"):
+        client = Client()
+        if who == "superuser":
+            client.force_login(User.objects.get(username="owner"))
+        else:
+            client = _client("admin")
+        for model, pk in (("run", run.pk), ("pipelineversion", version.pk),
+                          ("metricsample", sample.pk), ("runevent", event.pk)):
+            page = client.get(f"/admin/pipelines/{model}/{pk}/change/")
+            assert page.status_code == 200, (who, model)  # shown, as a view
+            assert 'type="submit"' not in page.content.decode().split("<form")[-1], (who, model)
+            assert client.post(f"/admin/pipelines/{model}/{pk}/change/", {
+                "status": "running", "dry_run": "on", "checkpoint_dir": "/tmp/x",
+                "runner_pid": "1", "definition": "{}"}).status_code == 403, (who, model)
+            assert client.get(f"/admin/pipelines/{model}/add/").status_code == 403
+            assert client.get(f"/admin/pipelines/{model}/{pk}/delete/").status_code == 403
+    fresh = Run.objects.get(pk=run.pk)
+    assert (fresh.status, fresh.dry_run, fresh.checkpoint_dir) == (
+        run.status, run.dry_run, run.checkpoint_dir)
+    assert version.__class__.objects.get(pk=version.pk).definition == version.definition
+    request = RequestFactory().get("/")
+    request.user = User.objects.get(username="owner")
+    inline = admin.site._registry[Pipeline].get_inline_instances(request, world["pipeline"])
+    assert [i.has_add_permission(request, world["pipeline"]) for i in inline] == [False]
+
+
+@pytest.mark.django_db
+def test_the_admin_role_makes_no_superuser_and_gives_no_single_permission() -> None:
+    """Issue 48: the admin role could tick is_superuser on its own account and give a
+    viewer single permissions (change_run, add_pipeline) outside the roles."""
+    client = _client("admin")
+    me = User.objects.get(username="u-admin")
+    viewer = _user("vera", "viewer")
+    change_run = Permission.objects.get(codename="change_run")
+    for user in (me, viewer):
+        response = client.post(f"/admin/auth/user/{user.pk}/change/", {
+            "username": user.username, "first_name": "", "last_name": "", "email": "",
+            "is_active": "on", "is_staff": "on" if user == me else "",
+            "is_superuser": "on", "groups": [g.pk for g in user.groups.all()],
+            "user_permissions": [change_run.pk],
+            "last_login_0": "", "last_login_1": "", "date_joined_0": "2026-01-01",
+            "date_joined_1": "00:00:00"})
+        assert response.status_code == 302, response.content.decode()[:2000]
+        user.refresh_from_db()
+        assert not user.is_superuser and not user.user_permissions.exists(), user
+    assert not viewer.has_perm("pipelines.change_run")
+    form = client.get(f"/admin/auth/user/{viewer.pk}/change/").content.decode()
+    assert 'name="is_superuser"' not in form and 'name="user_permissions"' not in form
+
+
+@pytest.mark.django_db
+def test_permission_run_and_version_changes_are_audited_whatever_path_made_them(
+        world) -> None:
+    """Issue 48: single permissions, a role's permissions, a run's fields and a
+    version's definition changed without an entry. Each path now leaves one: the admin
+    (a superuser), either side of a many-to-many relation, a shell's save."""
+    from audit.models import AuditEntry
+
+    owner = Client()
+    owner.force_login(User.objects.get(username="owner"))
+    viewer = _user("vic", "viewer")
+    change_run = Permission.objects.get(codename="change_run")
+    response = owner.post(f"/admin/auth/user/{viewer.pk}/change/", {
+        "username": "vic", "first_name": "", "last_name": "", "email": "",
+        "is_active": "on", "groups": [Group.objects.get(name="viewer").pk],
+        "user_permissions": [change_run.pk], "last_login_0": "", "last_login_1": "",
+        "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    entry = AuditEntry.objects.get(action="permissions changed", target_repr="vic")
+    assert (entry.actor, entry.before, entry.after) == (
+        "user:owner", {"permissions": []}, {"permissions": ["pipelines.change_run"]})
+
+    add_pipeline = Permission.objects.get(codename="add_pipeline")
+    add_pipeline.user_set.add(viewer)  # from the permission's side
+    viewers = Group.objects.get(name="viewer")
+    viewers.permissions.remove(Permission.objects.get(codename="view_run"))
+    Permission.objects.get(codename="view_policy").group_set.clear()
+    entries = AuditEntry.objects.filter(action="permissions changed").order_by("pk")
+    assert [(e.target_repr, e.after["permissions"]) for e in entries][1] == (
+        "vic", ["pipelines.add_pipeline", "pipelines.change_run"])
+    group_entries = [e for e in entries if e.target_type == "group"]
+    assert {e.target_repr for e in group_entries} >= {"viewer", "operator", "admin"}
+    first = group_entries[0]
+    assert set(first.before["permissions"]) - set(first.after["permissions"]) == {
+        "pipelines.view_run"}
+
+    run = world["run"]
+    assert AuditEntry.objects.filter(target_type="run", target_id=str(run.pk),
+                                     action="created").count() == 0  # run.created says it
+    run.runner_pid, run.checkpoint_dir = 4242, "/elsewhere"
+    run.save()
+    changed = AuditEntry.objects.get(target_type="run", action="changed")
+    assert changed.after == {"runner_pid": 4242, "checkpoint_dir": "/elsewhere"}
+    version = world["pipeline"].current_version
+    version.definition = {**version.definition, "key_groups": 99}
+    version.save()
+    changed = AuditEntry.objects.get(target_type="pipeline version", action="changed")
+    assert changed.after["definition"]["key_groups"] == 99
+
+
 # ------------------------------------------------------------------ login, cookies
 @pytest.mark.django_db
 def test_logins_are_throttled_per_user_and_address() -> None:
