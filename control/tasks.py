@@ -86,5 +86,6 @@ def send_webhook(url: str, payload: dict) -> str:
     outcome = webhooks.post(url, payload, settings.WEBHOOK_SECRET.encode(),
                             settings.WEBHOOK_ALLOWED_HOSTS, settings.WEBHOOK_DEADLINE_S)
     if not outcome.startswith("2"):
-        log.warning("alert webhook %s: %s", url, outcome)
+        # The path and query often carry the receiver's token: the host is enough.
+        log.warning("alert webhook %s: %s", webhooks.redacted(url), outcome)
     return outcome

@@ -61,6 +61,44 @@ def resolve(host: str, port: int) -> list[str]:
     return sorted({str(info[4][0]) for info in infos})
 
 
+# IPv6 forms that carry an IPv4 address a router or the host may reach: NAT64's
+# well-known and local-use prefixes (RFC 6052, 8215: the last 32 bits) and the
+# deprecated IPv4-compatible form (RFC 4291 2.5.5.1); 6to4, Teredo and IPv4-mapped
+# the standard library reads itself.
+_LAST_32_BITS = tuple(ipaddress.ip_network(n) for n in (
+    "64:ff9b::/96", "64:ff9b:1::/48", "::/96"))
+
+
+def embedded_ipv4(ip: ipaddress.IPv4Address | ipaddress.IPv6Address
+                  ) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address embeds (none for an IPv4 address)."""
+    if ip.version == 4:
+        return []
+    assert isinstance(ip, ipaddress.IPv6Address)
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip.teredo is not None:
+        found.extend(ip.teredo)
+    if any(ip in net for net in _LAST_32_BITS) and int(ip) > 1:  # not :: or ::1
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def _public(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return (ip.is_global and not ip.is_multicast
+            and all(_public(inner) for inner in embedded_ipv4(ip)))
+
+
+def redacted(url: str) -> str:
+    """``url`` without what often carries a token (path, query, credentials), for logs."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(not a URL)"
+    return f"{parts.scheme}://{host}{port}/…"
+
+
 def check(url: str, allowed_hosts: Iterable[str] = (), resolver: Resolver = resolve
           ) -> Target:
     """The target of ``url`` if it may be POSTed to; else :class:`WebhookRefused`."""
@@ -85,7 +123,7 @@ def check(url: str, allowed_hosts: Iterable[str] = (), resolver: Resolver = reso
     if host not in allowed:
         for address in addresses:
             ip = ipaddress.ip_address(address.split("%")[0])
-            if not ip.is_global or ip.is_multicast:
+            if not _public(ip):
                 raise WebhookRefused(
                     f"{host} resolves to {address}, not a public address (an administrator "
                     "may allow the host in WEBHOOK_ALLOWED_HOSTS)")

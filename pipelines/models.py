@@ -184,6 +184,13 @@ class Run(models.Model):
         return found.as_policy() if found is not None else self.policy
 
     @property
+    def spark_ui_link(self) -> str:
+        """The driver's UI address as a link target: http(s) only. The runner reports it
+        and a page renders it as ``href``, where ``javascript:`` would run script."""
+        url = self.spark_ui_url.strip()
+        return url if url.lower().startswith(("http://", "https://")) else ""
+
+    @property
     def is_active(self) -> bool:
         return self.status in ACTIVE_STATUSES
 

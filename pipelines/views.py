@@ -326,6 +326,7 @@ def run_dry_run(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
+@permission_required("pipelines.view_run", raise_exception=True)  # it names the runs
 def cluster_page(request: HttpRequest) -> HttpResponse:
     """The Spark master's workers (hosts, cores, memory) and which runs' executors are
     on each (issue: runs beyond one machine)."""

@@ -61,6 +61,7 @@ def _pages(w: dict[str, Any]) -> list[tuple[str, str, dict[str, int]]]:
     return [
         ("get", "/runs/", watch), ("get", f"/runs/{r}/", watch),
         ("get", "/pipelines/", watch), ("get", "/policies/", watch),
+        ("get", "/cluster/", watch),  # it names the runs on each host (issue 48)
         ("get", "/lab/", watch), ("get", f"/lab/{lab}/", watch),
         ("get", f"/lab/{lab}/status.json", watch),
         ("get", f"/lab/{lab}/bundle.zip", {**watch, **{k: 302 for k in ROLES}}),  # no result yet
@@ -315,6 +316,22 @@ def test_the_admin_site_shows_runs_versions_samples_and_events_read_only(world) 
     request.user = User.objects.get(username="owner")
     inline = admin.site._registry[Pipeline].get_inline_instances(request, world["pipeline"])
     assert [i.has_add_permission(request, world["pipeline"]) for i in inline] == [False]
+
+
+@pytest.mark.django_db
+def test_a_spark_ui_address_is_a_link_only_when_it_is_http(world) -> None:
+    """Issue 48: a ``javascript:`` URL in a run's spark_ui_url was rendered as a link
+    (the runner reports the address; the page must not trust it)."""
+    from pipelines.models import Run
+
+    run, client = world["run"], _client("viewer")
+    for stored, shown in (("javascript:alert(1)", False), (" JavaScript:alert(1)", False),
+                          ("data:text/html,x", False), ("http://127.0.0.1:4040", True),
+                          ("https://spark.example.com/ui", True)):
+        Run.objects.filter(pk=run.pk).update(spark_ui_url=stored)
+        html = client.get(f"/runs/{run.pk}/").content.decode()
+        assert ("Spark UI</a>" in html) is shown, stored
+        assert f'href="{stored.strip()}"' not in html or shown, stored
 
 
 @pytest.mark.django_db

@@ -29,6 +29,14 @@ SECRET = b"test-secret"
     ("https://192.168.1.5/hook", "not a public address"),
     ("http://0.0.0.0:8000/", "not a public address"),
     ("http://224.0.0.1/", "not a public address"),
+    # IPv6 forms embedding a non-public IPv4 address (issue 48): NAT64 of the metadata
+    # service, 6to4 of loopback, IPv4-compatible loopback, Teredo, IPv4-mapped
+    ("http://[64:ff9b::a9fe:a9fe]/", "not a public address"),
+    ("http://[64:ff9b:1::a9fe:a9fe]/", "not a public address"),
+    ("http://[2002:7f00:1::]/", "not a public address"),
+    ("http://[::127.0.0.1]/", "not a public address"),
+    ("http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/", "not a public address"),
+    ("http://[::ffff:10.0.0.1]/", "not a public address"),
     ("ftp://203.0.113.9/hook", "http or https, not ftp"),
     ("file:///etc/passwd", "http or https, not file"),
     ("http://user:pw@8.8.8.8/", "credentials"),
@@ -53,6 +61,19 @@ def test_a_public_address_passes_and_a_host_resolving_to_any_private_address_doe
         webhooks.check("https://alerts.example.com/", resolver=lambda h, p: both[h])
     assert webhooks.check("https://alerts.example.com/", ["Alerts.Example.com"],
                           resolver=lambda h, p: both[h]).address == "93.184.215.14"
+
+
+def test_an_ipv6_address_is_public_only_with_every_ipv4_address_it_embeds_public() -> None:
+    assert webhooks.check("http://[64:ff9b::808:808]/").address == "64:ff9b::808:808"
+    assert webhooks.check("http://[2002:808:808::1]/").address == "2002:808:808::1"
+    assert webhooks.check("http://[2606:4700:4700::1111]/")  # no IPv4 inside
+
+
+def test_a_failed_webhook_is_logged_without_its_path_and_query() -> None:
+    assert webhooks.redacted("https://hooks.example.com:8443/services/T0/B1/s3cr3t?token=x"
+                             ) == "https://hooks.example.com:8443/…"
+    assert webhooks.redacted("http://user:pw@[::1]/x") == "http://::1/…"
+    assert webhooks.redacted("http://[::1") == "(not a URL)"
 
 
 class _Receiver(BaseHTTPRequestHandler):
