@@ -147,3 +147,124 @@ def test_the_moving_mean_does_not_depend_on_how_rows_are_split_into_batches() ->
             assert state.count == len(seen)
             assert sorted(state.kept) == sorted(brute)
             assert moving_mean.mean(state) == pytest.approx(sum(v for _o, v in brute) / len(brute))
+
+
+# ------------------------------------------------- hostile expressions (issue 48)
+@pytest.mark.parametrize("text, words", [
+    ("+".join(["1"] * 999), "nests deeper than 32 levels"),  # was a RecursionError
+    ("-" * 1990 + "value", "nests deeper than 32 levels"),
+    ("(" * 300 + "value" + ")" * 300, "too many nested parentheses"),
+    ("('a' * 1000000000) == 'b'", "arithmetic takes numbers, not a string literal"),
+    ("state + 'x' == 'ORx'", "arithmetic takes numbers, not a string literal"),
+    ("value < 99999999999999999999", "outside a long's range"),
+    ("value < 1e999", "must be finite"),
+    (" or ".join(["value < 1"] * 300), "longer than 2000 characters"),
+    (" or ".join(["value<1"] * 180), "more than 256 terms"),
+])
+def test_an_expression_too_deep_too_big_or_building_strings_is_refused(
+        text: str, words: str) -> None:
+    columns = {"value": "double", "state": "string"}
+    with pytest.raises(dataflow.GraphError, match=words):
+        dataflow.parse_expression(text, columns, "nodes[1] (f).where")
+
+
+def _spark_value(node, row):
+    """One row's value of a checked tree under Spark SQL's null rules, by brute force:
+    the reference of dataflow_pandas."""
+    import ast
+    import math
+    import operator
+
+    def v(n):
+        return _spark_value(n, row)
+
+    if isinstance(n := node, ast.Name):
+        x = row[n.id]
+        return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+    if isinstance(n, ast.Constant):
+        return n.value
+    if isinstance(n, ast.UnaryOp):
+        x = v(n.operand)
+        return None if x is None else (not x) if isinstance(n.op, ast.Not) else -x
+    if isinstance(n, ast.BinOp):
+        a, b = v(n.left), v(n.right)
+        if a is None or b is None:
+            return None
+        ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+               ast.Div: operator.truediv, ast.Mod: math.fmod,
+               ast.FloorDiv: lambda p, q: math.floor(p / q)}
+        return ops[type(n.op)](float(a), float(b))
+    if isinstance(n, ast.BoolOp):
+        xs = [v(x) for x in n.values]
+        if isinstance(n.op, ast.And):
+            return False if False in xs else None if None in xs else True
+        return True if True in xs else None if None in xs else False
+    if isinstance(n, ast.IfExp):
+        return v(n.body) if v(n.test) is True else v(n.orelse)
+    op, a = n.ops[0], v(n.left)
+    if isinstance(op, (ast.Is, ast.IsNot)):
+        return (a is None) == isinstance(op, ast.Is)
+    if isinstance(op, (ast.In, ast.NotIn)):
+        values = [e.value for e in n.comparators[0].elts]
+        return None if a is None else (a in values) == isinstance(op, ast.In)
+    b = v(n.comparators[0])
+    if a is None or b is None:
+        return None
+    ops = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
+           ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+    return ops[type(op)](a, b)
+
+
+def _random_condition(rng, depth: int) -> str:
+    """A random boolean expression over a (double), b (long) and s (string)."""
+    def number(d: int) -> str:
+        if d == 0 or rng.random() < 0.3:
+            return rng.choice(["a", "b", str(rng.randint(-3, 3)), "0.5"])
+        op = rng.choice(["+", "-", "*", "/", "//", "%"])
+        right = rng.choice(["2", "3", "-1.5"]) if op in ("/", "//", "%") else number(d - 1)
+        if rng.random() < 0.2:
+            return f"({number(d - 1)} if {condition(d - 1)} else None)"
+        return f"({number(d - 1)} {op} {right})"
+
+    def condition(d: int) -> str:
+        kind = rng.random()
+        if d == 0 or kind < 0.35:
+            cmp = rng.choice(["<", "<=", ">", ">=", "==", "!="])
+            return rng.choice([f"{number(0)} {cmp} {number(0)}", "s in ('x', 'y')",
+                               "s not in ('x',)", "a is None", "b is not None",
+                               f"s {rng.choice(['==', '!='])} 'y'"])
+        if kind < 0.55:
+            return f"not ({condition(d - 1)})"
+        if kind < 0.85:
+            return f"({condition(d - 1)} {rng.choice(['and', 'or'])} {condition(d - 1)})"
+        return f"{number(d - 1)} {rng.choice(['<', '>=', '!='])} {number(d - 1)}"
+
+    return condition(depth)
+
+
+def test_the_verifiers_filter_equals_spark_sqls_null_rules_row_by_row() -> None:
+    """dataflow_pandas (the verifier's filter, from the checked tree) against a row-by-row
+    evaluation under Spark SQL's rules, on random conditions over columns with nulls."""
+    import random
+
+    import numpy as np
+    import pandas as pd
+
+    from pipelines.runtime import dataflow_pandas
+
+    rng = random.Random(48)
+    frame = pd.DataFrame({
+        "a": [rng.choice([np.nan, -2.5, 0.0, 1.0, 3.5]) for _ in range(60)],
+        "b": [rng.choice([np.nan, -3, 0, 2, 7]) for _ in range(60)],
+        "s": [rng.choice([None, "x", "y", "z"]) for _ in range(60)]})
+    columns = {"a": "double", "b": "long", "s": "string"}
+    rows = frame.to_dict("records")
+    for _ in range(300):
+        text = _random_condition(rng, 3)
+        tree = dataflow.parse_expression(text, columns, "where")
+        got = dataflow_pandas.keep(frame, tree).index.tolist()
+        want = [i for i, row in enumerate(rows) if _spark_value(tree, row) is True]
+        assert got == want, text
+    kept = dataflow_pandas.keep(frame, dataflow.parse_expression(
+        "s is not None", columns, "where"))
+    assert kept["s"].notna().all() and len(kept) == frame["s"].notna().sum()

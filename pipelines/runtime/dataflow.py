@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -212,8 +213,46 @@ def parse_expression(text: Any, columns: Columns, path: str) -> ast.expr:
     except SyntaxError as exc:
         raise GraphError(path, f"is not a valid expression ({exc.msg}, column "
                                f"{exc.offset})") from None
+    except (RecursionError, MemoryError, ValueError):  # nested beyond the parser
+        raise GraphError(path, f"nests deeper than {MAX_EXPRESSION_DEPTH} levels") from None
+    _check_size(tree, path)
     _check(tree, columns, path)
     return tree
+
+
+# What one expression may hold: the walkers of its tree (this checker, the Spark
+# compiler, the verifier) recurse once per level, and a filter or a projection is a
+# few terms in practice; 999 terms of '+' once ended in a RecursionError (a 500).
+MAX_EXPRESSION_DEPTH = 32
+MAX_EXPRESSION_NODES = 256
+# Spark's long: an integer literal outside it is no number Spark holds.
+LONG_MIN, LONG_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def _check_size(tree: ast.expr, path: str) -> None:
+    """Depth and size first, without recursion; then literals Spark can hold."""
+    stack, seen = [(tree, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        seen += 1
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise GraphError(path, f"nests deeper than {MAX_EXPRESSION_DEPTH} levels")
+        if seen > MAX_EXPRESSION_NODES:
+            raise GraphError(path, f"has more than {MAX_EXPRESSION_NODES} terms")
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) \
+                and not isinstance(node.value, bool) \
+                and not LONG_MIN <= node.value <= LONG_MAX:
+            raise GraphError(path, f"the integer {node.value} is outside a long's range")
+        if isinstance(node, ast.Constant) and isinstance(node.value, float) \
+                and not math.isfinite(node.value):
+            raise GraphError(path, "a number literal must be finite")
+        if isinstance(node, ast.BinOp) and any(
+                isinstance(side, ast.Constant) and isinstance(side.value, str)
+                for side in (node.left, node.right)):
+            # Spark's + - * / on a string casts it to a number; Python would repeat or
+            # join it ('a' * 10**9 took 1 GB in the verifier): neither is meant.
+            raise GraphError(path, "arithmetic takes numbers, not a string literal")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
 
 
 def _literal(node: ast.expr) -> bool:

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from control import workload
-from pipelines.runtime import definition, hft, replan
+from pipelines.runtime import dataflow, dataflow_pandas, definition, hft, replan
 from pipelines.runtime.query import output_path
 
 MAX_PROBLEMS = 20
@@ -333,7 +333,7 @@ def python_checkable(spec: definition.PipelineSpec) -> str | None:
 def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
                   ) -> dict[str, pd.DataFrame]:
     """Every node's rows for the source records ``[start, end)``, computed in pandas
-    (filters with ``DataFrame.query``, operators by ``pyops``): the reference of a
+    (filters by ``dataflow_pandas``, operators by ``pyops``): the reference of a
     pipeline of filters and Python operators."""
     from pipelines.runtime import pyops
 
@@ -355,8 +355,10 @@ def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
             frames[node.id] = frame
             continue
         df = frames[node.inputs[0]]
-        if node.type == "filter":
-            df = df.query(node.params["where"], engine="python")
+        if node.type == "filter":  # from the checked tree, as Spark ran it
+            condition = dataflow.parse_expression(
+                node.params["where"], spec.graph.node(node.inputs[0]).columns, node.id)
+            df = dataflow_pandas.keep(df, condition)
         elif node.type == "python":
             df = pyops.OPERATORS[node.params["function"]].fn(df.copy(),
                                                               node.params["params"])
