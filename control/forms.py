@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 from django import forms
 from django.conf import settings
@@ -88,24 +89,25 @@ class LabForm(forms.Form):
     name = forms.CharField(max_length=100, initial="comparison")
     workload = forms.ChoiceField(choices=WORKLOADS, initial="random_walk")
     rate_scale = forms.FloatField(
-        initial=0.04, min_value=0.0,
+        initial=0.04, min_value=0.0, max_value=1e3,
         help_text="Multiplies the trace: 0.04 = 1/25, one triggering tuple in δ = 25.")
-    base_rate = forms.FloatField(initial=8000, min_value=0, required=False,
+    base_rate = forms.FloatField(initial=8000, min_value=0, max_value=1e9, required=False,
                                  help_text="Step/sine/spike: base rate (tuples/s).")
-    peak_rate = forms.FloatField(initial=16000, min_value=0, required=False,
+    peak_rate = forms.FloatField(initial=16000, min_value=0, max_value=1e9, required=False,
                                  help_text="Step: rate after; sine: amplitude; spike: peak.")
-    at_s = forms.FloatField(initial=60, min_value=0, required=False,
+    at_s = forms.FloatField(initial=60, min_value=0, max_value=1e6, required=False,
                             help_text="Step/spike: when (s); sine: period (s).")
     trace_file = forms.FileField(required=False, help_text="CSV for the uploaded trace.")
     keys = forms.ChoiceField(choices=KEYS, initial="file")
     key_count = forms.IntegerField(initial=2836, min_value=1, max_value=1_000_000)
-    zipf_s = forms.FloatField(initial=1.0, min_value=0)
-    service_ms = forms.FloatField(initial=0.5, min_value=1e-6,
+    zipf_s = forms.FloatField(initial=1.0, min_value=0, max_value=10)
+    service_ms = forms.FloatField(initial=0.5, min_value=1e-6, max_value=1e6,
                                   help_text="Time per triggering tuple at the top frequency.")
     steps = forms.IntegerField(initial=180, min_value=1, max_value=10_000)
-    step_s = forms.FloatField(initial=1.0, min_value=0.01, help_text="Control step (s).")
-    seed = forms.IntegerField(initial=1, min_value=0)
-    latency_bound_ms = forms.FloatField(initial=1.5, min_value=1e-6)
+    step_s = forms.FloatField(initial=1.0, min_value=0.01, max_value=3600,
+                              help_text="Control step (s).")
+    seed = forms.IntegerField(initial=1, min_value=0, max_value=2**63 - 1)
+    latency_bound_ms = forms.FloatField(initial=1.5, min_value=1e-6, max_value=1e9)
     max_workers = forms.IntegerField(initial=12, min_value=1, max_value=1000)
     mode = forms.ChoiceField(choices=[("queue", "Queues (record at a time)"),
                                       ("microbatch", "Micro-batches (Spark)")])
@@ -119,8 +121,9 @@ class LabForm(forms.Form):
                   "by what this run measured (its batch model and arrival rate): a policy "
                   "made from the result can steer live runs.")
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, user: object = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.user = user  # whose comparisons the queue cap counts (None: not checked)
         self.fields["strategies"].choices = [(k, k) for k in lab.PRESETS]
         self.fields["strategies"].initial = list(lab.DEFAULT_PRESETS)
         # A callable: read when the field is drawn or given a run, not for every form.
@@ -158,11 +161,14 @@ class LabForm(forms.Form):
                                f"{MAX_TRACE_UPLOAD_BYTES:,} are accepted.")
                 return data
             try:
-                rate["rates"] = sim.workloads.parse_csv_trace(
+                rates = sim.workloads.parse_csv_trace(
                     upload.read().decode("utf-8", errors="replace"))
             except sim.ScenarioError as exc:
                 self.add_error("trace_file", str(exc))
                 return data
+            # One rate a second: the comparison reads its first steps x step_s of them
+            # (later ones would only be stored, and copied into the audit log).
+            rate["rates"] = rates[:max(1, math.ceil(data["steps"] * data["step_s"]))]
         keys: dict = {"kind": data["keys"]}
         if data["keys"] != "file":
             keys.update(n=data["key_count"], s=data["zipf_s"])
@@ -199,6 +205,20 @@ class LabForm(forms.Form):
         except sim.ScenarioError as exc:
             field = _field_for(str(exc))
             self.add_error(field, str(exc))
+            return data
+        estimate = lab.estimate_seconds(scenario)
+        limit = settings.LAB_TIME_LIMIT_S
+        if estimate > limit:
+            self.add_error("steps", (
+                f"This comparison would take about {estimate:,.0f} s here (measured on "
+                f"{lab.PROBE_STEPS} steps), over the Lab's limit of {limit:g} s: compare "
+                "fewer strategies, steps or workers."))
+            return data
+        if self.user is not None and \
+                lab.active_labs(self.user) >= settings.LAB_MAX_ACTIVE_PER_USER:
+            self.add_error(None, (
+                f"You have {settings.LAB_MAX_ACTIVE_PER_USER} comparisons queued or "
+                "running; start this one when one of them has ended."))
             return data
         self.scenario = scenario
         return data

@@ -12,6 +12,9 @@ class InputError(ValueError):
 
 
 MAX_DIGITS = 18  # every whole number the product takes fits a 64-bit integer
+# No document the product reads nests deeper than a few levels; a deeper one would only
+# make each later walk of it (validation, the audit's copy) recurse that far.
+MAX_DEPTH = 64
 
 
 def _whole(text: str) -> int:
@@ -37,13 +40,26 @@ def loads(text: str) -> Any:
     range, no whole number past 64 bits (Python would take them, and they fail later,
     deep in a computation or as a server error); every error one line."""
     try:
-        return json.loads(text, parse_int=_whole, parse_float=_real,
-                          parse_constant=_constant)
+        doc = json.loads(text, parse_int=_whole, parse_float=_real,
+                         parse_constant=_constant)
     except json.JSONDecodeError as exc:
         raise InputError(f"invalid JSON at line {exc.lineno}, column {exc.colno}: "
                          f"{exc.msg}") from exc
     except RecursionError as exc:
-        raise InputError("invalid JSON: nested too deeply") from exc
+        raise InputError(f"invalid JSON: nested deeper than {MAX_DEPTH} levels") from exc
+    _check_depth(doc)
+    return doc
+
+
+def _check_depth(doc: Any) -> None:
+    stack = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                raise InputError(f"invalid JSON: nested deeper than {MAX_DEPTH} levels")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
 
 
 def read_json(path: str | None) -> Any:

@@ -39,6 +39,45 @@ SERIES_FIELDS = list(engine.StepRecord.__dataclass_fields__)
 SUMMARY_FIELDS = list(engine.SUMMARY_FIELDS)
 
 
+# A comparison's cost is measured before it is queued: its strategies run a few steps
+# (at most PROBE_BUDGET_S of them) and the whole is extrapolated from their pace.
+PROBE_STEPS = 5
+PROBE_BUDGET_S = 2.0
+
+
+class LabTimeLimit(Exception):
+    """A comparison ran past ``settings.LAB_TIME_LIMIT_S``."""
+
+
+def active_labs(user: Any) -> int:
+    """The user's comparisons queued or running: ``settings.LAB_MAX_ACTIVE_PER_USER``
+    caps them, so that one user cannot hold the Lab queue."""
+    return LabRun.objects.filter(created_by=user, status__in=(
+        LabStatus.PENDING, LabStatus.RUNNING)).count()
+
+
+def estimate_seconds(scenario: dict[str, Any]) -> float:
+    """How long ``scenario`` takes to simulate here: its strategies are run for a few
+    steps and timed (measured on this machine, under its current load), then scaled
+    to every step of every strategy."""
+    steps = int(scenario["steps"])
+    probe = {**scenario, "steps": min(steps, PROBE_STEPS)}
+    done = [0]
+    started = time.perf_counter()
+
+    def progress(n: int, _total: int) -> None:
+        done[0] = n
+        if time.perf_counter() - started > PROBE_BUDGET_S:
+            raise LabTimeLimit
+
+    try:
+        sim.simulate(probe, progress=progress)
+    except LabTimeLimit:
+        pass
+    per_step = (time.perf_counter() - started) / max(done[0], 1)
+    return per_step * steps * len(scenario["strategies"])
+
+
 def start_lab(user: Any, name: str, scenario: dict) -> LabRun:
     """Store the comparison and queue it; the page follows its progress."""
     lab = LabRun.objects.create(name=name, scenario=scenario, created_by=user,
@@ -47,10 +86,16 @@ def start_lab(user: Any, name: str, scenario: dict) -> LabRun:
     return lab
 
 
-def execute(lab_id: int) -> str:
-    """Run a pending lab (idempotent: a repeated delivery finds it started and leaves)."""
+def execute(lab_id: int, time_limit_s: float | None = None) -> str:
+    """Run a pending lab (idempotent: a repeated delivery finds it started and leaves).
+    Past ``time_limit_s`` (default ``settings.LAB_TIME_LIMIT_S``) it stops and is
+    marked failed, before Celery's hard limit would kill the worker under it."""
+    from django.conf import settings
+    from django.utils import timezone
+
+    limit = settings.LAB_TIME_LIMIT_S if time_limit_s is None else time_limit_s
     claimed = LabRun.objects.filter(pk=lab_id, status=LabStatus.PENDING).update(
-        status=LabStatus.RUNNING)
+        status=LabStatus.RUNNING, started_at=timezone.now())
     if not claimed:
         return f"lab {lab_id} is not pending: ignored"
     lab = LabRun.objects.get(pk=lab_id)
@@ -60,13 +105,17 @@ def execute(lab_id: int) -> str:
 
     def progress(done: int, total: int) -> None:
         now = time.perf_counter()
+        if now - started > limit:
+            raise LabTimeLimit(f"stopped at the Lab's time limit of {limit:g} s after "
+                               f"{done:,} of {total:,} steps; compare fewer strategies "
+                               "or steps")
         if now - last[0] >= PROGRESS_EVERY_S or done == total:
             last[0] = now
             LabRun.objects.filter(pk=lab_id).update(progress=done, total=total)
 
     try:
         result = sim.simulate(lab.scenario, progress=progress)
-    except sim.ScenarioError as exc:
+    except (sim.ScenarioError, LabTimeLimit) as exc:
         LabRun.objects.filter(pk=lab_id).update(status=LabStatus.FAILED, error=str(exc))
         _status_changed(lab, LabStatus.RUNNING, LabStatus.FAILED, str(exc))
         return f"lab {lab_id} failed: {exc}"
@@ -81,6 +130,31 @@ def execute(lab_id: int) -> str:
         duration_s=time.perf_counter() - started)
     _status_changed(lab, LabStatus.RUNNING, LabStatus.DONE)
     return f"lab {lab_id} done"
+
+
+def fail_stale_labs() -> int:
+    """Mark failed the labs still "running" well past the time limit: the worker that
+    ran each was killed under it (Celery's hard limit, a crash), so nothing else will."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django.utils import timezone
+
+    limit = settings.LAB_TIME_LIMIT_S
+    cutoff = timezone.now() - timedelta(seconds=limit + STALE_GRACE_S)
+    failed = 0
+    for lab in LabRun.objects.filter(status=LabStatus.RUNNING, started_at__lt=cutoff):
+        message = (f"its worker stopped: still running {limit + STALE_GRACE_S:g} s after "
+                   "it started, past the Lab's time limit")
+        if LabRun.objects.filter(pk=lab.pk, status=LabStatus.RUNNING).update(
+                status=LabStatus.FAILED, error=message):
+            _status_changed(lab, LabStatus.RUNNING, LabStatus.FAILED, message)
+            failed += 1
+    return failed
+
+
+# How long past its time limit a running lab is taken for lost.
+STALE_GRACE_S = 60.0
 
 
 def _status_changed(lab: LabRun, was: str, now: str, message: str = "") -> None:

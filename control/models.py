@@ -165,6 +165,7 @@ class LabRun(models.Model):
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)  # when a worker claimed it
 
     class Meta:
         ordering = ["-created_at", "-pk"]

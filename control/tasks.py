@@ -23,6 +23,12 @@ def run_lab(lab_id: int) -> str:
 
 
 @shared_task
+def fail_stale_labs() -> int:
+    """Celery beat: Lab comparisons whose worker died under them are marked failed."""
+    return lab.fail_stale_labs()
+
+
+@shared_task
 def control_tick_all() -> dict[str, int]:
     """Celery beat, every second: one tick for each run whose control step is due."""
     decided = 0

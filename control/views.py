@@ -42,7 +42,7 @@ def lab_list(request: HttpRequest) -> HttpResponse:
 @login_required
 @permission_required("control.add_labrun", raise_exception=True)
 def lab_new(request: HttpRequest) -> HttpResponse:
-    form = LabForm(request.POST or None, request.FILES or None)
+    form = LabForm(request.POST or None, request.FILES or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         run = lab.start_lab(request.user, form.cleaned_data["name"], form.scenario)
         return redirect("lab-detail", pk=run.pk)

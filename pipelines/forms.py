@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 from django import forms
 
@@ -8,6 +9,25 @@ from control.models import Policy
 from pipelines.models import Pipeline
 from pipelines.runtime import definition as pdef
 from pipelines.runtime import elastic
+
+log = logging.getLogger(__name__)
+
+
+def definition_error(doc_or_text: object) -> tuple[pdef.PipelineSpec | None, str | None]:
+    """The definition's spec, or the one-line error a form shows: a DefinitionError
+    names its field; anything else the validator raises (a bug: the property tests
+    look for them) is logged and shown as the field's error rather than a 500."""
+    try:
+        spec = (pdef.parse(doc_or_text) if isinstance(doc_or_text, str)
+                else pdef.validate(doc_or_text))
+    except pdef.DefinitionError as exc:
+        where = f" at {exc.path}" if exc.path else ""
+        return None, f"Invalid definition{where}: {exc.message}"
+    except Exception as exc:  # noqa: BLE001 - shown on the field, logged with its trace
+        log.exception("the definition validator failed")
+        return None, (f"The definition could not be checked ({type(exc).__name__}); "
+                      "nothing was saved.")
+    return spec, None
 
 
 class PipelineForm(forms.ModelForm):
@@ -31,12 +51,9 @@ class PipelineForm(forms.ModelForm):
             self.initial["definition"] = json.dumps(value, indent=2)
 
     def clean_definition(self) -> dict:
-        text = self.cleaned_data["definition"]
-        try:
-            spec = pdef.parse(text)
-        except pdef.DefinitionError as exc:
-            where = f" at {exc.path}" if exc.path else ""
-            raise forms.ValidationError(f"Invalid definition{where}: {exc.message}") from exc
+        spec, error = definition_error(self.cleaned_data["definition"])
+        if spec is None:
+            raise forms.ValidationError(error)
         return spec.raw
 
 
@@ -44,6 +61,16 @@ class StartRunForm(forms.Form):
     # No empty "---------" choice: starting a run always names a pipeline and a policy.
     pipeline = forms.ModelChoiceField(queryset=Pipeline.objects.all(), empty_label=None)
     policy = forms.ModelChoiceField(queryset=Policy.objects.all(), empty_label=None)
+
+    def clean_pipeline(self) -> Pipeline:
+        """The stored definition is checked again, its cost included: the bounds may
+        have tightened since it was saved."""
+        pipeline = self.cleaned_data["pipeline"]
+        spec, error = definition_error(pipeline.definition)
+        if spec is None:
+            raise forms.ValidationError(f"{pipeline.name} cannot start: {error} Edit the "
+                                        "pipeline first.")
+        return pipeline
 
 
 SCHEDULE_CHOICES = [(s, s) for s in elastic.STRATEGIES]

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import cluster
+from pipelines.runtime import cluster, secretfile
 from pipelines.runtime import standby as sb
 
 
@@ -69,9 +69,12 @@ def spawn_detached(args: list[str], log_path: Path, cwd: Path, env: dict[str, st
 
 
 def write_runner_config(config: dict[str, Any], checkpoint_dir: Path) -> Path:
+    """runner.json, private, with the Redis URL's password left out (the runner's
+    environment carries it: ``_runner_env``)."""
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = checkpoint_dir / "runner.json"
-    cfg_path.write_text(json.dumps(config, indent=1))
+    config = {**config, "redis_url": busmod.public_url(config["redis_url"])}
+    secretfile.write_private(cfg_path, json.dumps(config, indent=1))
     return cfg_path
 
 
@@ -90,6 +93,7 @@ def _runner_env() -> dict[str, str]:
     env = dict(os.environ, SPARK_LOCAL_IP=settings.SPARK_DRIVER_HOST,
                SPARK_DRIVER_HOST=settings.SPARK_DRIVER_HOST, PYTHONUNBUFFERED="1")
     env.pop("DJANGO_SETTINGS_MODULE", None)  # the runner has no Django
+    env.update(busmod.password_env(settings.REDIS_URL))
     if settings.SPARK_MASTER_URL == "embedded":
         # The embedded cluster's shared secret (spark.authenticate); for another cluster
         # SPARK_AUTH_SECRET_FILE comes from the environment, if that cluster has one.
@@ -102,11 +106,12 @@ def launch_standby(master: str) -> tuple[str, int]:
     standby_id = uuid.uuid4().hex[:12]
     work = Path(settings.STANDBY_ROOT) / standby_id
     work.mkdir(parents=True, exist_ok=True)
-    cfg = sb.StandbyConfig(standby_id=standby_id, redis_url=settings.REDIS_URL,
+    cfg = sb.StandbyConfig(standby_id=standby_id,
+                           redis_url=busmod.public_url(settings.REDIS_URL),
                            master_url=master, work_dir=str(work),
                            max_workers=settings.STANDBY_MAX_WORKERS,
                            executor_memory=settings.EXECUTOR_MEMORY)
-    (work / "standby.json").write_text(json.dumps(asdict(cfg), indent=1))
+    secretfile.write_private(work / "standby.json", json.dumps(asdict(cfg), indent=1))
     r = busmod.connect(settings.REDIS_URL)
     # Counted as alive at once, before its Python has started and set this itself.
     r.set(sb.alive_key(standby_id), 0, ex=60)

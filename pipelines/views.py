@@ -275,8 +275,7 @@ def run_plan(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _apply_plan(request: HttpRequest, run: Run) -> HttpResponse:
-    import json
-
+    from control import jsonio
     from pipelines.runtime import dataflow
 
     if run.status != "running":
@@ -284,7 +283,7 @@ def _apply_plan(request: HttpRequest, run: Run) -> HttpResponse:
                                 "it is running.")
         return redirect("run-plan", pk=run.pk)
     try:
-        doc = json.loads(request.POST.get("plan") or "")
+        doc = jsonio.loads(request.POST.get("plan") or "")
         spec = pdef.validate(run.pipeline_version.definition)
         if spec.graph is None or spec.pe_plan is None:
             raise pdef.DefinitionError("", "the pipeline has no Python operator")

@@ -58,7 +58,7 @@ def test_json_syntax_error_gives_line_and_column() -> None:
     ('{"key_groups": NaN}', "NaN is not a number JSON allows"),
     ('{"key_groups": -Infinity}', "-Infinity is not a number JSON allows"),
     ('{"key_groups": 1e999}', "out of range"),
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),
 ])
 def test_numbers_json_does_not_allow_are_one_line_errors(text, words) -> None:
     """Python's json takes NaN, Infinity and whole numbers of any length: they failed

@@ -1,10 +1,16 @@
 """WebSocket consumer of a run page: a snapshot on connect, then pushed changes."""
 from __future__ import annotations
 
+import time
+from importlib import import_module
 from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import HASH_SESSION_KEY, SESSION_KEY, get_user_model
+from django.contrib.sessions.backends.base import SessionBase
+from django.utils.crypto import constant_time_compare
 
 from pipelines import actions
 from webapp import messages
@@ -29,6 +35,28 @@ def _snapshot(run_id: int) -> messages.SnapshotMessage | None:
             "decisions": [d.as_dict() for d in decisions]}
 
 
+# How often a connected page's session and role are read again: a user logged out,
+# deactivated or taken out of every role that may watch runs stops receiving pushes
+# within this many seconds (at the next push after it).
+RECHECK_S = 5.0
+
+
+@database_sync_to_async
+def _still_allowed(session_key: str | None, user_id: int) -> int | None:
+    """None while the session still logs in ``user_id`` and the user may still watch
+    runs; else the close code (4401: logged out, 4403: no longer in such a role)."""
+    if not session_key:
+        return 4401
+    store: SessionBase = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+    if not store.exists(session_key) or str(store.get(SESSION_KEY)) != str(user_id):
+        return 4401
+    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    if user is None or not constant_time_compare(store.get(HASH_SESSION_KEY, ""),
+                                                 user.get_session_auth_hash()):
+        return 4401  # a changed password ends its other sessions, as Django's own check
+    return None if user.has_perm("pipelines.view_run") else 4403
+
+
 class RunConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -50,8 +78,23 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if snapshot is None:
             await self.close(code=4404)
             return
+        session = self.scope.get("session")
+        self.session_key = getattr(session, "session_key", None)
+        self.user_id = user.pk
+        self.checked_at = time.monotonic()
         await self.accept()
         await self.send_json(snapshot)
+
+    async def push(self, message: dict[str, Any]) -> None:
+        """Send one pushed message, first reading the session and role again if the last
+        check is older than RECHECK_S: the snapshot's permission is not for ever."""
+        if time.monotonic() - self.checked_at >= RECHECK_S:
+            code = await _still_allowed(self.session_key, self.user_id)
+            if code is not None:
+                await self.close(code=code)
+                return
+            self.checked_at = time.monotonic()
+        await self.send_json(message)
 
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "group"):
@@ -61,16 +104,16 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     # kind of webapp.messages.
     async def run_metrics(self, message: dict[str, Any]) -> None:
         out: messages.MetricsMessage = {"kind": "metrics", "samples": message["samples"]}
-        await self.send_json(out)
+        await self.push(dict(out))
 
     async def run_event(self, message: dict[str, Any]) -> None:
         out: messages.EventMessage = {"kind": "event", "event": message["event"]}
-        await self.send_json(out)
+        await self.push(dict(out))
 
     async def run_decision(self, message: dict[str, Any]) -> None:
         out: messages.DecisionMessage = {"kind": "decision", "decision": message["decision"]}
-        await self.send_json(out)
+        await self.push(dict(out))
 
     async def run_status(self, message: dict[str, Any]) -> None:
         out: messages.StatusMessage = {"kind": "status", "run": message["run"]}
-        await self.send_json(out)
+        await self.push(dict(out))

@@ -14,8 +14,13 @@ import dj_database_url
 from pipelines.runtime.secretfile import make_once
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# Every file a Streamwise process makes is its user's alone: the SQLite database,
+# checkpoints, runner configs, logs (they name hosts and ports and may quote secrets).
+# Set here, before any of them is made; the runners and Spark inherit it.
+os.umask(0o077)
 VAR_DIR = Path(os.environ.get("STREAMWISE_VAR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
+VAR_DIR.chmod(0o700)
 
 
 def env_bool(name: str, default: bool) -> bool:
@@ -172,10 +177,19 @@ CELERY_BEAT_SCHEDULE = {
     "control-tick": {"task": "control.tasks.control_tick_all", "schedule": 1.0,
                      "options": {"expires": 2.0}},
     # The plan watch (control.planwatch): COLA's plan proposed when a Python PE saturates.
+    # A Lab comparison whose worker was killed under it is marked failed.
+    "lab-stale": {"task": "control.tasks.fail_stale_labs", "schedule": 60.0,
+                  "options": {"expires": 60.0}},
     "plan-watch": {"task": "control.tasks.watch_plans",
                    "schedule": float(os.environ.get("PLAN_WATCH_EVERY_S", "30")),
                    "options": {"expires": 30.0}},
 }
+# The Strategy Lab: a comparison longer than this is refused by the form (its cost is
+# measured on a probe) or stopped and marked failed; under Celery's hard limit above.
+LAB_TIME_LIMIT_S = float(os.environ.get("LAB_TIME_LIMIT_S", "240"))
+# Comparisons one user may have queued or running at once (the Lab queue is shared with
+# the exactly-once checks).
+LAB_MAX_ACTIVE_PER_USER = int(os.environ.get("LAB_MAX_ACTIVE_PER_USER", "2"))
 # Cores the embedded Spark worker offers (1-core executors); also what a policy may ask
 # for when the master's JSON API does not answer (pipelines/cluster_status.py).
 CLUSTER_CORES = int(os.environ.get("CLUSTER_CORES", "8"))

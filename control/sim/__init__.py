@@ -39,7 +39,7 @@ def parse_scenario(doc: Any) -> en.Scenario:
         raise ScenarioError("scenario must be a JSON object")
     steps = _num(doc, "steps", 180, 1, whole=True, high=1_000_000)
     step_s = _num(doc, "step_s", 1.0, 1e-6)
-    seed = _num(doc, "seed", 1, 0, whole=True)
+    seed = _num(doc, "seed", 1, 0, whole=True, high=2**63 - 1)
     workload = _obj(doc, "workload")
     system = _obj(doc, "system")
     qos = _obj(doc, "qos")
@@ -195,7 +195,8 @@ def build_controller(spec: Any, scn: en.Scenario, index: int = 0) -> tuple[str, 
 
 def simulate(doc: Any, progress: Callable[[int, int], None] | None = None) -> dict:
     """Run every strategy of the scenario; JSON-ready output (series + summaries).
-    ``progress(done, total)`` is called every 10 steps (steps summed over strategies)."""
+    ``progress(done, total)`` is called after every step (steps summed over
+    strategies); an exception it raises ends the simulation (a time limit)."""
     scn = parse_scenario(doc)
     specs = doc.get("strategies", [{"name": "lat-node"}])
     if not isinstance(specs, list) or not specs:
@@ -205,7 +206,7 @@ def simulate(doc: Any, progress: Callable[[int, int], None] | None = None) -> di
     total = len(built) * scn.steps
     for i, (label, ctl) in enumerate(built):
         def step_done(t: int, offset: int = i * scn.steps) -> None:
-            if progress and (t + 1) % 10 == 0:
+            if progress:
                 progress(offset + t + 1, total)
 
         res = en.run(scn, label, ctl, on_step=step_done)

@@ -33,7 +33,7 @@ def number(doc: dict, key: str, default: float | None = None, low: float | None 
     """``doc[key]`` (or ``default``) as a checked number; ScenarioError names the field."""
     value = doc.get(key, default)
     if value is None or isinstance(value, bool) or not isinstance(value, int | float) \
-            or not math.isfinite(value):
+            or not _finite(value):
         raise ScenarioError(f"{where}{key}: must be a number")
     if whole and int(value) != value:
         raise ScenarioError(f"{where}{key}: must be a whole number")
@@ -42,6 +42,17 @@ def number(doc: dict, key: str, default: float | None = None, low: float | None 
     if high is not None and value > high:
         raise ScenarioError(f"{where}{key}: must be <= {high}")
     return int(value) if whole else float(value)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # a whole number past a double's range
+        return False
+
+
+# The highest arrival rate a scenario may reach (tuples/s): the thesis' peak is 458K.
+MAX_RATE = 1e12
 
 
 def read_rate_file(path: Path) -> list[float]:
@@ -55,7 +66,15 @@ def read_rate_file(path: Path) -> list[float]:
 def parse_csv_trace(text: str) -> list[float]:
     """An uploaded CSV: one rate per row (last column), header allowed."""
     rates = []
-    for i, row in enumerate(csv.reader(io.StringIO(text))):
+    reader = csv.reader(io.StringIO(text))
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:  # e.g. a field past csv's 131,072-character limit
+            raise ScenarioError(f"trace row {reader.line_num}: not CSV ({exc})") from None
+        i = reader.line_num - 1
         if not row or not row[-1].strip():
             continue
         try:
@@ -107,7 +126,11 @@ def rate_series(doc: dict, steps: int, step_s: float, rng: np.random.Generator) 
         out = np.where((t >= at) & (t < at + length), peak, base)
     scale = number(doc, "scale", 1.0, 0, w)
     noise = number(doc, "noise_cv", 0.0, 0, w)
-    out = out * scale
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = out * scale
+    if not np.isfinite(out).all() or (len(out) and out.max() > MAX_RATE):
+        raise ScenarioError(f"{w}scale: the rates reach {float(np.nanmax(out)):.3g} "
+                            f"tuples/s; at most {MAX_RATE:.0e}")
     if noise > 0:
         out = np.maximum(out * (1 + noise * rng.standard_normal(steps)), 0.0)
     return out

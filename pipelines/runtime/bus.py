@@ -29,10 +29,12 @@ import collections
 import enum
 import itertools
 import json
+import os
 import socket
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from typing import Any, NotRequired, TypedDict
 
@@ -224,9 +226,41 @@ def run_id_of(key: str) -> int:
     return int(key.split(":")[1 if key.startswith("run:") else 0].split(".")[0])
 
 
+# A runner's Redis password: in its environment, never in runner.json or on its
+# command line (the control plane writes the URL without it: ``public_url``).
+PASSWORD_ENV = "STREAMWISE_REDIS_PASSWORD"
+
+
 def connect(url: str) -> redis.Redis:
+    """A client of ``url``; a URL without a password takes ``$STREAMWISE_REDIS_PASSWORD``
+    if it is set."""
+    extra: dict[str, Any] = {}
+    password = os.environ.get(PASSWORD_ENV)
+    if password and not urllib.parse.urlsplit(url).password:
+        extra["password"] = password
     return redis.Redis.from_url(url, decode_responses=True, socket_timeout=30,
-                                socket_connect_timeout=5, health_check_interval=30)
+                                socket_connect_timeout=5, health_check_interval=30,
+                                **extra)
+
+
+def public_url(url: str) -> str:
+    """``url`` without its password (what may be written to a file or a log)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username}@{host}" if parts.username else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def password_env(url: str) -> dict[str, str]:
+    """The environment that gives a runner ``url``'s password (``connect``)."""
+    password = urllib.parse.urlsplit(url).password
+    return {PASSWORD_ENV: urllib.parse.unquote(password)} if password else {}
 
 
 def _is_outcome(ack: dict[str, Any], command_id: str) -> bool:

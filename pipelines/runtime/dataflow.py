@@ -53,6 +53,9 @@ NODE_TYPES = SOURCE_TYPES + STATELESS_TYPES + STATEFUL_TYPES + ("sink",)
 AGGREGATES = ("count", "sum", "min", "max", "mean", "max_by")
 WINDOW_KINDS = ("tumbling", "sliding", "session")
 MAX_NODES = 64
+# Spark expands each row into size_s / slide_s sliding windows before it aggregates:
+# the batch's rows, shuffle and state all grow by that factor (Q5's 10 s by 2 s is 5).
+MAX_WINDOWS_PER_ROW = 100
 
 # Columns every row carries from its source: the scheduled emission time (latency) and
 # the event time (windows and watermarks).
@@ -263,49 +266,104 @@ def _none(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and node.value is None
 
 
-def _check(node: ast.expr, columns: Columns, path: str) -> None:
+# Column types an expression may only test for null: Spark (ANSI mode) refuses a
+# timestamp or a window struct in arithmetic and in a comparison with a number, and
+# the verifier's pandas reference could not follow it there either.
+_OPAQUE_TYPES = ("timestamp", "window")
+
+
+# What an expression's value is, as the checker sees it: Spark casts between these
+# only implicitly, and under ANSI mode a failed cast fails the query (a string that
+# is no number, compared with one), so the checker refuses the mixtures instead.
+_KIND_OF_TYPE = {"long": "number", "double": "number", "string": "string",
+                 "boolean": "boolean"}
+
+
+def _literal_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    return "string" if isinstance(value, str) else "number"
+
+
+def _check(node: ast.expr, columns: Columns, path: str) -> str:
+    """Check ``node`` over ``columns``; its kind: number, string, boolean, or null (a
+    branch's ``None``)."""
     if isinstance(node, ast.Name):
         if node.id not in columns:
             raise GraphError(path, f"unknown column {node.id!r} (columns: "
                                    f"{', '.join(sorted(columns))})")
-    elif _literal(node):
-        return
-    elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        _check(node.left, columns, path)
-        _check(node.right, columns, path)
-    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-        _check(node.operand, columns, path)
-    elif isinstance(node, ast.BoolOp):
+        if columns[node.id] not in _KIND_OF_TYPE:
+            hint = " (emit_ts holds the same instant in epoch seconds)" \
+                if node.id == "event_time" and "emit_ts" in columns else ""
+            raise GraphError(path, f"{node.id} is a {columns[node.id]}: an expression may "
+                                   f"only test it with 'is None' / 'is not None'{hint}")
+        return _KIND_OF_TYPE[columns[node.id]]
+    if _literal(node):
+        assert isinstance(node, ast.Constant)
+        return _literal_kind(node.value)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        for side in (node.left, node.right):
+            if _check(side, columns, path) != "number":
+                raise GraphError(path, f"{_BINARY[type(node.op)]} takes numbers: "
+                                       f"{ast.unparse(side)[:60]} is not one")
+        return "number"
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+        want = "boolean" if isinstance(node.op, ast.Not) else "number"
+        if _check(node.operand, columns, path) != want:
+            raise GraphError(path, f"{'not' if want == 'boolean' else '-'} takes a "
+                                   f"{want}: {ast.unparse(node.operand)[:60]} is not one")
+        return want
+    if isinstance(node, ast.BoolOp):
         for value in node.values:
-            _check(value, columns, path)
-    elif isinstance(node, ast.IfExp):  # a if cond else b (b may be None: null)
-        _check(node.test, columns, path)
-        for branch in (node.body, node.orelse):
-            if not _none(branch):
-                _check(branch, columns, path)
-    elif isinstance(node, ast.Compare) and len(node.ops) == 1 \
+            if _check(value, columns, path) != "boolean":
+                raise GraphError(path, f"and/or take conditions: {ast.unparse(value)[:60]} "
+                                       "is not true or false")
+        return "boolean"
+    if isinstance(node, ast.IfExp):  # a if cond else b (b may be None: null)
+        if _check(node.test, columns, path) != "boolean":
+            raise GraphError(path, f"the condition of 'if' must be true or false: "
+                                   f"{ast.unparse(node.test)[:60]} is not")
+        kinds = {_check(b, columns, path) for b in (node.body, node.orelse) if not _none(b)}
+        if len(kinds) > 1:
+            raise GraphError(path, "both branches of 'a if c else b' must be of one kind "
+                                   f"(got {' and '.join(sorted(kinds))})")
+        return kinds.pop() if kinds else "null"
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 \
             and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
         if not _none(node.comparators[0]):
             raise GraphError(path, "'is' compares with None only (x is None, x is not None)")
-        _check(node.left, columns, path)
-    elif isinstance(node, ast.Compare) and len(node.ops) == 1 \
+        if not (isinstance(node.left, ast.Name) and node.left.id in columns):
+            _check(node.left, columns, path)  # a column of any type may be tested for null
+        return "boolean"
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 \
             and type(node.ops[0]) in _COMPARE:
-        _check(node.left, columns, path)
+        left = _check(node.left, columns, path)
         right = node.comparators[0]
         if isinstance(node.ops[0], (ast.In, ast.NotIn)):
             if not isinstance(right, (ast.Tuple, ast.List)) or not right.elts \
                     or not all(_literal(e) for e in right.elts):
                 raise GraphError(path, "'in' takes a list of literals, e.g. "
                                        "state in ('OR', 'ID')")
-        else:
-            _check(right, columns, path)
-    else:
-        what = type(node).__name__
-        if isinstance(node, ast.Compare):
-            what = "a chained comparison (write a < b and b < c)"
-        elif isinstance(node, (ast.Call, ast.Attribute)):
-            what = "a function call or attribute (not allowed)"
-        raise GraphError(path, f"{what} is not supported here")
+            kinds = {_literal_kind(e.value) for e in right.elts  # type: ignore[attr-defined]
+                     }
+            if kinds != {left}:
+                raise GraphError(path, f"'in' compares a {left} with literals of its kind "
+                                       f"(got {', '.join(sorted(kinds))})")
+        elif left != _check(right, columns, path) or left == "null":
+            raise GraphError(path, f"{_COMPARE[type(node.ops[0])]} compares values of one "
+                                   f"kind: {ast.unparse(node)[:80]} mixes them")
+        return "boolean"
+    what = type(node).__name__
+    if isinstance(node, ast.Compare):
+        what = "a chained comparison (write a < b and b < c)"
+    elif isinstance(node, (ast.Call, ast.Attribute)):
+        what = "a function call or attribute (not allowed)"
+    raise GraphError(path, f"{what} is not supported here")
+
+
+def condition_kind(tree: ast.expr, columns: Columns) -> str:
+    """The kind of a checked expression (number, string, boolean or null)."""
+    return _check(tree, columns, "")
 
 
 def expression_type(node: ast.expr, columns: Columns) -> str:
@@ -392,12 +450,23 @@ def _window(doc: Any, path: str) -> Window:
     if size % slide:
         raise GraphError(f"{path}.slide_s", f"must divide size_s ({size}) so that every "
                                             "window holds whole slides")
+    if size // slide > MAX_WINDOWS_PER_ROW:
+        raise GraphError(f"{path}.slide_s", f"makes {size // slide:,} windows of every row "
+                         f"(size_s / slide_s); at most {MAX_WINDOWS_PER_ROW}: slide by at "
+                         f"least {-(-size // MAX_WINDOWS_PER_ROW)} s")
     return Window(kind, size_s=size, slide_s=slide)
 
 
-def _aggregates(doc: dict[str, Any], path: str, columns: Columns) -> dict[str, tuple[str, ...]]:
+# Columns an aggregating node writes itself (or that carry the time every row has):
+# an aggregate of that name would make a second column of it, which Spark refuses.
+AGGREGATE_RESERVED = ("window", "windowStart", *TIME_COLUMNS)
+
+
+def _aggregates(doc: dict[str, Any], path: str, columns: Columns,
+                key: list[str]) -> dict[str, tuple[str, ...]]:
     """``{output: [function, column]}`` (``["count"]`` alone; ``["max_by", value,
-    order]``) as ``{output: (function, column[, order])}``."""
+    order]``) as ``{output: (function, column[, order])}``; no output named like a key
+    column or a column the node writes itself."""
     raw = doc.get("aggregates")
     if not isinstance(raw, dict) or not raw:
         raise GraphError(f"{path}.aggregates", "must be an object {output: [function, "
@@ -407,9 +476,13 @@ def _aggregates(doc: dict[str, Any], path: str, columns: Columns) -> dict[str, t
         where = f"{path}.aggregates.{name}"
         if not name.isidentifier():
             raise GraphError(where, "an output name must be an identifier")
+        if name in key or name in AGGREGATE_RESERVED:
+            what = "a key column" if name in key else "a column this node writes itself"
+            raise GraphError(where, f"{name!r} is {what}: name the aggregate otherwise")
         if isinstance(spec, str):
             spec = [spec]
-        if not isinstance(spec, list) or not 1 <= len(spec) <= 3 or spec[0] not in AGGREGATES:
+        if not isinstance(spec, list) or not 1 <= len(spec) <= 3 \
+                or not all(isinstance(part, str) for part in spec) or spec[0] not in AGGREGATES:
             raise GraphError(where, f"must be [function, column] with a function in "
                                     f"{', '.join(AGGREGATES)}")
         if spec[0] == "count" and len(spec) == 1:
@@ -445,7 +518,10 @@ def _source(doc: dict[str, Any], path: str, _inputs: list[Node],
 
 def _filter(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
     _allowed(doc, path, {"id", "type", "input", "where"})
-    parse_expression(doc.get("where"), inputs[0].columns, f"{path}.where")
+    tree = parse_expression(doc.get("where"), inputs[0].columns, f"{path}.where")
+    if condition_kind(tree, inputs[0].columns) != "boolean":
+        raise GraphError(f"{path}.where", "must be a condition (true or false), e.g. "
+                                          "price > 100")
     return {"where": doc["where"]}, dict(inputs[0].columns)
 
 
@@ -487,7 +563,7 @@ def _keyed_aggregate(doc: dict[str, Any], path: str,
     _allowed(doc, path, {"id", "type", "input", "key", "aggregates"})
     src = inputs[0].columns
     key = _columns_list(doc, "key", path, src)
-    aggs = _aggregates(doc, path, src)
+    aggs = _aggregates(doc, path, src, key)
     cols: Columns = {k: src[k] for k in key}
     cols.update({n: _aggregate_type(spec[0]) for n, spec in aggs.items()})
     return {"key": key, "aggregates": {n: list(v) for n, v in aggs.items()}}, cols
@@ -505,7 +581,7 @@ def _window_aggregate(doc: dict[str, Any], path: str,
     if chained and window.kind == "session":
         raise GraphError(f"{path}.window.kind", "a window over another window's results "
                                                 "takes tumbling or sliding windows")
-    aggs = _aggregates(doc, path, src)
+    aggs = _aggregates(doc, path, src, key)
     cols: Columns = {k: src[k] for k in key}
     cols.update({n: _aggregate_type(spec[0]) for n, spec in aggs.items()})
     cols.update(windowStart="long", window="window", emit_ts="double")
@@ -618,7 +694,7 @@ def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[st
 
     _allowed(doc, path, {"id", "type", "input", "function", "params"})
     name = doc.get("function")
-    if name not in pyops.OPERATORS:
+    if not isinstance(name, str) or name not in pyops.OPERATORS:
         raise GraphError(f"{path}.function", f"{json.dumps(name)} is not one of: "
                                              f"{', '.join(pyops.OPERATORS)}")
     op = pyops.OPERATORS[name]

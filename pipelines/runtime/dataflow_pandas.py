@@ -4,7 +4,8 @@ a filter. It walks the tree that validation accepted; no expression text is eval
 (``DataFrame.query`` would evaluate the text again, with Python's rules: ``x is not
 None`` compared the Series object, ``'a' * 10**9`` built the string).
 
-Nulls follow Spark SQL: arithmetic and comparisons with a null are null, ``and`` /
+Nulls follow Spark SQL: arithmetic and comparisons with a null are null (and a
+division or remainder by zero, as ``try_divide``/``try_mod`` compile it), ``and`` /
 ``or`` / ``not`` are three-valued (Kleene), ``a if c else b`` takes ``b`` where ``c``
 is null, ``x in (...)`` is null for a null ``x``; a filter keeps the rows where its
 condition is true. Values are float/int/str Series with NaN or None for null, and
@@ -69,6 +70,8 @@ def evaluate(node: ast.expr, frame: pd.DataFrame) -> Any:
             a, b = _number(left, index), _number(right, index)
             out = (np.floor(a / b) if isinstance(node.op, ast.FloorDiv)  # floor(a / b)
                    else _ARITHMETIC[type(node.op)](a, b))
+        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)):
+            null = null | (b == 0)  # Spark's try_divide / try_mod
         return out.where(~null, np.nan)
     if isinstance(node, ast.BoolOp):
         values = [_series(evaluate(v, frame), index).astype("boolean") for v in node.values]

@@ -41,10 +41,12 @@ from pyspark.sql import functions as F
 from pipelines.runtime import dataflow, definition
 from pipelines.runtime.source import GeneratorDataSource, observe_latency, read_stream
 
+# A zero divisor gives null (try_divide, try_mod): under ANSI mode a / 0 would fail
+# the whole query on one record.
 _BINARY = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-           ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b,
-           ast.FloorDiv: lambda a, b: F.floor(a / b).cast("long"),
-           ast.Mod: lambda a, b: a % b}
+           ast.Mult: lambda a, b: a * b, ast.Div: F.try_divide,
+           ast.FloorDiv: lambda a, b: F.floor(F.try_divide(a, b)).cast("long"),
+           ast.Mod: F.try_mod}
 _COMPARE = {ast.Eq: lambda a, b: a == b, ast.NotEq: lambda a, b: a != b,
             ast.Lt: lambda a, b: a < b, ast.LtE: lambda a, b: a <= b,
             ast.Gt: lambda a, b: a > b, ast.GtE: lambda a, b: a >= b}

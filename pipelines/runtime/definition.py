@@ -45,6 +45,33 @@ MAX_RATE = 50_000_000.0
 MAX_KEYS = 10_000_000
 MAX_KEY_GROUPS = 1024
 
+# What one run may ask of one executor (a 1-core executor, 512 MB of JVM heap, and its
+# Python worker beside it): each number a definition carries is bounded here, and
+# ``estimate_cost`` checks what they make together before the definition is stored and
+# again before a run starts.
+#
+# A micro-batch is read whole into one Python worker per partition: a generator row is
+# ≈70 bytes there (100 M rows took ≈7 GB), so 5 M rows stay near 350 MB.
+MAX_RECORDS_PER_BATCH = 5_000_000
+GENERATOR_ROW_BYTES = 70
+# The largest batch a run may plan, in bytes (rows × their size).
+MAX_BATCH_BYTES = 512 * 1024 * 1024
+# NEXMark pads every event to its average byte size (``extra``); Beam's defaults are
+# 200 (person), 500 (auction) and 100 (bid). 10 kB an event is 50-100x those.
+MAX_NEXMARK_EVENT_BYTES = 10_000
+# Beam's event mix: of every 50 events, 1 person, 3 auctions and 46 bids.
+NEXMARK_MIX = {"avg_person_byte_size": 1 / 50, "avg_auction_byte_size": 3 / 50,
+               "avg_bid_byte_size": 46 / 50}
+NEXMARK_DEFAULT_BYTES = {"avg_person_byte_size": 200, "avg_auction_byte_size": 500,
+                         "avg_bid_byte_size": 100}
+# hft_window: every ``slide`` quotes of a symbol refit a polynomial over its last
+# ``window`` quotes, so a quote costs window / slide points of fitting; the thesis'
+# kernel is 1000 / 25 = 40.
+MAX_HFT_POINTS_PER_QUOTE = 1_000
+# hft_window keeps ``window`` quotes (value and time, 16 bytes) of every symbol.
+HFT_QUOTE_BYTES = 16
+MAX_STATE_BYTES = 1024 * 1024 * 1024
+
 
 class DefinitionError(ValueError):
     """A definition problem at ``path`` (JSON-pointer-like, e.g. ``source.rate.kind``)."""
@@ -315,6 +342,12 @@ def _validate_operator(op: Any, path: str) -> OperatorSpec:
         _allowed(op, path, {"type", "key", "field", "window", "slide", "degree"})
         window = int(_number(op, "window", path, lo=2, hi=100_000, integer=True, default=1000))
         slide = int(_number(op, "slide", path, lo=1, hi=window, integer=True, default=25))
+        if window / slide > MAX_HFT_POINTS_PER_QUOTE:
+            raise DefinitionError(f"{path}.slide", (
+                f"refits {window:,} quotes every {slide} (window / slide = "
+                f"{window / slide:,.0f} points of fitting per quote); at most "
+                f"{MAX_HFT_POINTS_PER_QUOTE}: slide by at least "
+                f"{-(-window // MAX_HFT_POINTS_PER_QUOTE)}"))
         return OperatorSpec(type=kind, key=_choice(op, "key", path, ("key",), default="key"),
                             field=_choice(op, "field", path, ("value",), default="value"),
                             window=window, slide=slide,
@@ -353,7 +386,7 @@ def _run_options(doc: dict[str, Any]) -> dict[str, Any]:
         "trigger_ms": int(_number(doc, "trigger_ms", "", lo=0, hi=3_600_000, integer=True,
                                   default=0)),
         "max_records_per_batch": int(_number(doc, "max_records_per_batch", "", lo=1,
-                                             hi=100_000_000, integer=True,
+                                             hi=MAX_RECORDS_PER_BATCH, integer=True,
                                              default=2_000_000)),
     }
 
@@ -375,8 +408,10 @@ def _validate_source_node(src: dict[str, Any], path: str) -> dict[str, Any]:
     if kind == "nexmark":
         knobs = _obj(src.get("nexmark", {}), f"{path}.nexmark")
         _allowed(knobs, f"{path}.nexmark", set(NEXMARK_KNOBS))
-        out["nexmark"] = {k: int(_number(knobs, k, f"{path}.nexmark", lo=1, hi=10_000_000,
-                                         integer=True)) for k in knobs}
+        out["nexmark"] = {k: int(_number(
+            knobs, k, f"{path}.nexmark", lo=1, integer=True,
+            hi=MAX_NEXMARK_EVENT_BYTES if k in NEXMARK_MIX else 10_000_000))
+            for k in knobs}
     return out
 
 
@@ -418,11 +453,66 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
                         pe_plan=pe_plan)
 
 
+@dataclass(frozen=True)
+class Cost:
+    """What a run of a definition asks of its executors at most (modelled from the
+    bounds above, not measured)."""
+
+    batch_rows: int  # the most rows one micro-batch reads
+    row_bytes: float  # a source row's size in a Python worker
+    state_bytes: float  # the largest keyed state whose size the definition fixes
+
+    @property
+    def batch_bytes(self) -> float:
+        return self.batch_rows * self.row_bytes
+
+
+def estimate_cost(spec: PipelineSpec) -> Cost:
+    """The largest batch and state ``spec`` can make (see the bounds above)."""
+    row_bytes = float(GENERATOR_ROW_BYTES)
+    if spec.source_type == "nexmark":
+        sizes = {**NEXMARK_DEFAULT_BYTES, **{k: v for k, v in spec.nexmark.items()
+                                             if k in NEXMARK_MIX}}
+        row_bytes += sum(NEXMARK_MIX[k] * sizes[k] for k in NEXMARK_MIX)
+    state = 0.0
+    if spec.graph is None and spec.stateful.type == "hft_window":
+        state = float(spec.stateful.window * spec.key_distribution().n * HFT_QUOTE_BYTES)
+    return Cost(batch_rows=spec.max_records_per_batch, row_bytes=row_bytes,
+                state_bytes=state)
+
+
+def check_cost(spec: PipelineSpec) -> Cost:
+    """``estimate_cost`` against what one executor holds; DefinitionError names the
+    field to lower."""
+    cost = estimate_cost(spec)
+    if cost.batch_bytes > MAX_BATCH_BYTES:
+        fits = max(1, int(MAX_BATCH_BYTES // cost.row_bytes))
+        raise DefinitionError("max_records_per_batch", (
+            f"a batch of {cost.batch_rows:,} rows of ≈{cost.row_bytes:,.0f} bytes is "
+            f"{cost.batch_bytes / 2**20:,.0f} MiB (modelled), over the "
+            f"{MAX_BATCH_BYTES // 2**20} MiB one executor's Python worker holds: at most "
+            f"{fits:,} rows at this event size"))
+    if cost.state_bytes > MAX_STATE_BYTES:
+        i = next(i for i, o in enumerate(spec.operators) if o.type == "hft_window")
+        raise DefinitionError(f"operators[{i}].window", (
+            f"keeps {spec.stateful.window:,} quotes of each of "
+            f"{spec.key_distribution().n:,} symbols, {cost.state_bytes / 2**20:,.0f} MiB "
+            f"of state (modelled); at most {MAX_STATE_BYTES // 2**20} MiB"))
+    return cost
+
+
 def validate(doc: Any) -> PipelineSpec:
-    """Validate a parsed definition; raise :class:`DefinitionError` on the first problem.
+    """Validate a parsed definition; raise :class:`DefinitionError` on the first problem
+    (and on a definition whose cost, ``check_cost``, one executor cannot carry).
 
     A definition with ``nodes`` is a dataflow pipeline (``dataflow.py``); one with
     ``source``/``operators`` is a chain (one keyed stateful operator)."""
+    spec = _validate(doc)
+    check_cost(spec)
+    return spec
+
+
+def _validate(doc: Any) -> PipelineSpec:
     doc = _obj(doc, "")
     if "nodes" in doc:
         return _validate_dataflow(doc)

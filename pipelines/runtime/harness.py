@@ -10,6 +10,7 @@ benchmarks and the runtime's Spark tests use (the product goes through Celery).
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.runtime import bus as busmod
+from pipelines.runtime import secretfile
 from pipelines.runtime import standby as sb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,16 +78,19 @@ class StandbyPool:
             standby_id = uuid.uuid4().hex[:12]
             work = self.work / standby_id
             work.mkdir(parents=True, exist_ok=True)
-            cfg = sb.StandbyConfig(standby_id=standby_id, redis_url=self.redis_url,
+            cfg = sb.StandbyConfig(standby_id=standby_id,
+                                   redis_url=busmod.public_url(self.redis_url),
                                    master_url=self.master_url, work_dir=str(work),
                                    max_workers=self.max_workers,
                                    executor_memory=self.executor_memory,
                                    ready_key=self.ready_key)
-            (work / "standby.json").write_text(json.dumps(asdict(cfg), indent=1))
+            secretfile.write_private(work / "standby.json",
+                                     json.dumps(asdict(cfg), indent=1))
             proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.runner",
                                      "--standby", str(work / "standby.json")], cwd=ROOT,
                                     stdout=open(work / "standby.log", "ab"),
-                                    stderr=subprocess.STDOUT)
+                                    stderr=subprocess.STDOUT,
+                                    env=_runner_env(self.redis_url))
             self._next = (standby_id, proc)
 
     def take(self, run_config: dict[str, Any], timeout_s: float = 300.0
@@ -143,6 +148,11 @@ class StandbyPool:
         self.r.delete(self.ready_key)
 
 
+def _runner_env(redis_url: str) -> dict[str, str]:
+    """This process's environment, and the Redis password its runner.json leaves out."""
+    return {**os.environ, **busmod.password_env(redis_url)}
+
+
 def _end(proc: subprocess.Popen, grace_s: float) -> None:
     """SIGTERM, then SIGKILL after ``grace_s``; nothing if it has ended already."""
     if proc.poll() is not None:
@@ -181,7 +191,9 @@ class RunnerProcess:
     def start(self) -> RunnerProcess:
         self.work.mkdir(parents=True, exist_ok=True)
         self.bus.reset()
-        (self.work / "runner.json").write_text(json.dumps(self.config, indent=1))
+        secretfile.write_private(self.work / "runner.json", json.dumps(
+            {**self.config, "redis_url": busmod.public_url(self.config["redis_url"])},
+            indent=1))
         self.started_at = time.time()
         self.warm = False
         RunnerProcess.started.append(self)
@@ -195,7 +207,8 @@ class RunnerProcess:
         log = open(self.work / "runner.log", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.runner",
                                       str(self.work / "runner.json")], cwd=ROOT, stdout=log,
-                                     stderr=subprocess.STDOUT)
+                                     stderr=subprocess.STDOUT,
+                                     env=_runner_env(self.config["redis_url"]))
         return self
 
     def __enter__(self) -> RunnerProcess:

@@ -1,5 +1,6 @@
-"""A secret made once and kept in a private file (mode 0600): Django's SECRET_KEY under
-``var/``, the embedded Spark cluster's ``spark.authenticate`` secret."""
+"""Private files (mode 0600): a secret made once (Django's SECRET_KEY under ``var/``,
+the embedded Spark cluster's ``spark.authenticate`` secret, the Redis password ``up``
+sets), and the runner's config files."""
 from __future__ import annotations
 
 import os
@@ -23,3 +24,11 @@ def make_once(path: Path, make: Callable[[], str]) -> str:
         finally:
             tmp.unlink()
     return path.read_text().strip()
+
+
+def write_private(path: Path, text: str) -> None:
+    """``text`` into ``path``, readable by this user only (whatever the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

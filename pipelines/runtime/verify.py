@@ -348,7 +348,9 @@ def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
         r = workload.generate(spec.seed, start, end, spec.schedule(),
                               spec.key_distribution(), t0)
         frame = pd.DataFrame({"seq": r.seq, "key": r.key, "value": r.value,
-                              "emit_ts": r.emit_ts})
+                              "emit_ts": r.emit_ts,
+                              # as the Spark source stamps it: timestamp_seconds(emit_ts)
+                              "event_time": pd.to_datetime(r.emit_ts, unit="s")})
     frames: dict[str, pd.DataFrame] = {}
     for node in spec.graph.nodes:
         if node.type in ("generator", "nexmark"):

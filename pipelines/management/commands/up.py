@@ -9,10 +9,12 @@ Ctrl-C (or SIGTERM) stops everything it started, by pid.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
 import time
+import urllib.parse
 from pathlib import Path
 
 import redis
@@ -22,7 +24,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from pipelines import launch
 from pipelines.management.processes import end_on_sigterm, product_processes
-from pipelines.runtime import calibration, cluster
+from pipelines.runtime import bus as busmod
+from pipelines.runtime import calibration, cluster, secretfile
 from pipelines.runtime.definition import ELASTIC_DEFINITION
 from pipelines.runtime.harness import HarnessError
 
@@ -32,6 +35,31 @@ def redis_answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
     except redis.RedisError:
         return False
+
+
+def with_password(url: str, password: str) -> str:
+    parts = urllib.parse.urlsplit(busmod.public_url(url))
+    return urllib.parse.urlunsplit(parts._replace(
+        netloc=f":{urllib.parse.quote(password, safe='')}@{parts.netloc}"))
+
+
+def private_redis(var: Path, url: str) -> tuple[list[str], str]:
+    """The command that starts a Redis of our own for ``url`` (on its port, loopback
+    only, nothing kept on disk) with a password, and ``url`` with that password. The
+    password is made once (``var/redis_password``) and handed to redis-server in a
+    private config file, never on its command line, where any user could read it."""
+    password = secretfile.make_once(var / "redis_password",
+                                    lambda: secrets.token_urlsafe(32))
+    port = urllib.parse.urlsplit(url).port or 6379
+    conf = var / "redis.conf"
+    secretfile.write_private(conf, "\n".join([
+        "bind 127.0.0.1", f"port {port}", 'save ""', "appendonly no",
+        f"requirepass {password}", ""]))
+    server = shutil.which("redis-server")
+    if server is None:
+        raise CommandError(f"no Redis answers at {busmod.public_url(url)} and redis-server "
+                           "is not installed (make run installs it)")
+    return [server, str(conf)], with_password(url, password)
 
 
 class Command(BaseCommand):
@@ -58,19 +86,17 @@ class Command(BaseCommand):
         logs = var / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         if not redis_answers(settings.REDIS_URL):
-            server = shutil.which("redis-server")
-            if server is None:
-                raise CommandError(f"no Redis answers at {settings.REDIS_URL} and redis-server "
-                                   "is not installed (make run installs it)")
-            port = redis.connection.parse_url(settings.REDIS_URL).get("port", 6379)
-            self._spawn("redis", [server, "--bind", "127.0.0.1", "--port", str(port),
-                                  "--save", "", "--appendonly", "no"], logs)
-            for _ in range(50):
-                if redis_answers(settings.REDIS_URL):
-                    break
-                time.sleep(0.1)
-            else:
-                raise CommandError("started redis-server but it does not answer")
+            command, url = private_redis(var, settings.REDIS_URL)
+            if not redis_answers(url):  # else: ours from an earlier start, still up
+                self._spawn("redis", command, logs)
+                for _ in range(50):
+                    if redis_answers(url):
+                        break
+                    time.sleep(0.1)
+                else:
+                    raise CommandError("started redis-server but it does not answer; see "
+                                       f"{logs / 'redis.log'}")
+            self._use_redis(url)
         call_command("migrate", interactive=False, verbosity=0)
         call_command("seed_demo", password=options["password"])
         if settings.SPARK_MASTER_URL == "embedded":
@@ -115,6 +141,16 @@ class Command(BaseCommand):
         pipeline, policy = seed_elastic_demo(user, cal)
         self.stdout.write(f"elastic demo: pipeline '{pipeline.name}' under policy "
                           f"'{policy.name}' ({pipeline.description})")
+
+    @staticmethod
+    def _use_redis(url: str) -> None:
+        """Every process from here on talks to ``url``: this one through its settings,
+        the ones it starts through their environment (readable by this user only)."""
+        os.environ["REDIS_URL"] = url
+        settings.REDIS_URL = settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = url
+        for layer in settings.CHANNEL_LAYERS.values():
+            for host in layer.get("CONFIG", {}).get("hosts", []):
+                host["address"] = url
 
     def _spawn(self, name: str, args: list[str], logs: Path) -> None:
         out = open(logs / f"{name}.log", "ab")
