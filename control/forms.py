@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 from django import forms
 from django.conf import settings
@@ -166,9 +165,12 @@ class LabForm(forms.Form):
             except sim.ScenarioError as exc:
                 self.add_error("trace_file", str(exc))
                 return data
-            # One rate a second: the comparison reads its first steps x step_s of them
-            # (later ones would only be stored, and copied into the audit log).
-            rate["rates"] = rates[:max(1, math.ceil(data["steps"] * data["step_s"]))]
+            # One rate a second, of which the comparison reads one per control step:
+            # only those are kept (the rest would only be stored, and copied into the
+            # audit log), one a step.
+            rate["rates"] = [rates[min(int(k * data["step_s"]), len(rates) - 1)]
+                             for k in range(data["steps"])]
+            rate["seconds_per_value"] = data["step_s"]
         keys: dict = {"kind": data["keys"]}
         if data["keys"] != "file":
             keys.update(n=data["key_count"], s=data["zipf_s"])

@@ -216,12 +216,23 @@ def test_a_lab_trace_with_a_field_past_the_csv_limit_is_a_field_error() -> None:
 
 
 @pytest.mark.django_db
-def test_a_lab_trace_is_trimmed_to_the_seconds_the_comparison_reads() -> None:
-    upload = SimpleUploadedFile("t.csv", b"5\n" * 2_000_000)  # 4 MB, 2 M rates
+def test_a_lab_trace_keeps_only_the_rates_the_comparison_reads() -> None:
+    """A 4 MB upload of 1.3 M rates (one a second): the comparison reads one a step."""
+    from control import sim
+
+    n = 1_300_000
+    text = "".join(f"{i % 100}\n" for i in range(n)).encode()
     form = _lab_form({**LAB_FORM, "workload": "trace", "steps": "40", "step_s": "2.5"},
-                     {"trace_file": upload})
+                     {"trace_file": SimpleUploadedFile("t.csv", text)})
     assert form.is_valid(), form.errors
-    assert len(form.scenario["workload"]["rate"]["rates"]) == 100
+    rate = form.scenario["workload"]["rate"]
+    assert len(rate["rates"]) == 40
+    full = {**rate, "rates": [float(i % 100) for i in range(n)],
+            "seconds_per_value": 1.0}
+    kept = sim.parse_scenario(form.scenario).rates
+    everything = sim.parse_scenario({**form.scenario, "workload": {
+        **form.scenario["workload"], "rate": full}}).rates
+    assert list(kept) == list(everything)  # the same comparison
 
 
 @pytest.mark.django_db

@@ -48,7 +48,8 @@ def test_form_reads_an_uploaded_trace_and_rejects_a_bad_one() -> None:
     good = SimpleUploadedFile("t.csv", b"second,rate\n0,5000\n1,9000\n")
     form = _form({**FORM, "workload": "trace"}, {"trace_file": good})
     assert form.is_valid(), form.errors
-    assert form.scenario["workload"]["rate"]["rates"] == [5000.0, 9000.0]
+    # One rate a control step (40 steps of 1 s), the last holding as the simulator does.
+    assert form.scenario["workload"]["rate"]["rates"] == [5000.0, 9000.0] + [9000.0] * 38
     bad = SimpleUploadedFile("t.csv", b"rate\n1\nlots\n")
     form = _form({**FORM, "workload": "trace"}, {"trace_file": bad})
     assert not form.is_valid() and "row 3" in form.errors["trace_file"][0]
