@@ -520,7 +520,7 @@ def _accepted_within_bounds(spec: pdef.PipelineSpec) -> None:
                 assert window["size_s"] // window["slide_s"] <= dataflow.MAX_WINDOWS_PER_ROW
 
 
-PROPERTY = hsettings(max_examples=400, deadline=None, derandomize=True,
+PROPERTY = hsettings(max_examples=400, deadline=None, derandomize=True, database=None,
                      suppress_health_check=[HealthCheck.too_slow,
                                             HealthCheck.data_too_large])
 
@@ -629,7 +629,7 @@ def test_every_form_and_post_answers_random_fields_without_a_500(local_operator)
     client.force_login(local_operator)
     paths = _all_posts(run.pk, pipeline.pk, policy.pk, lab.pk)
 
-    @hsettings(max_examples=150, deadline=None, derandomize=True,
+    @hsettings(max_examples=150, deadline=None, derandomize=True, database=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                       HealthCheck.function_scoped_fixture])
     @given(st.sampled_from(paths), st.dictionaries(st.sampled_from(FIELDS), VALUES,
