@@ -23,7 +23,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from pipelines.nexmark import queries
-from pipelines.runtime import dataflow, dataflow_pandas, pyops
+from pipelines.runtime import dataflow, pyops
 from pipelines.runtime import definition as pdef
 from tests.conftest import SMALL_DEFINITION, make_pipeline_and_policy, run_async
 
@@ -569,6 +569,8 @@ def test_the_expression_checker_raises_only_its_error_and_the_verifier_evaluates
         text) -> None:
     import numpy as np
     import pandas as pd
+
+    from pipelines.runtime import dataflow_pandas
 
     try:
         tree = dataflow.parse_expression(text, COLUMNS, "where")
