@@ -26,6 +26,7 @@ from pipelines.nexmark import queries
 from pipelines.runtime import dataflow, pyops
 from pipelines.runtime import definition as pdef
 from tests.conftest import SMALL_DEFINITION, make_pipeline_and_policy, run_async
+from tests.test_lab import FORM
 
 # ------------------------------------------------------ definitions that exhaust a runner
 Q5 = queries.definition("Q5", 1000)
@@ -179,12 +180,7 @@ def test_a_login_with_a_user_name_past_its_column_is_a_form_error() -> None:
 
 
 # ------------------------------------------------------------------------- the Lab
-LAB_FORM = {"name": "t", "workload": "random_walk", "rate_scale": "0.04",
-            "base_rate": "8000", "peak_rate": "16000", "at_s": "60", "keys": "file",
-            "key_count": "2836", "zipf_s": "1", "service_ms": "0.5", "steps": "40",
-            "step_s": "1", "seed": "1", "latency_bound_ms": "1.5", "max_workers": "12",
-            "mode": "queue", "strategies": ["lat-node Sw h=1", "th-rule"],
-            "parameters": "{}"}
+LAB_FORM = FORM  # the Lab tests' valid form
 
 
 def _lab_form(data: dict, files: dict | None = None, user: Any = None):
