@@ -18,7 +18,7 @@ from control import live, policies, sim
 from control.sim import engine, from_run
 from control.models import MAX_WORKERS_LIMIT, LabRun, LabStatus, Policy
 from pipelines.queue import Task, enqueue
-from pipelines.runtime.power import NOMINAL_GHZ, modelled_power
+from pipelines.runtime.host.power import NOMINAL_GHZ, modelled_power
 
 # The presets offered in the form: the thesis' grid (Table 7.2 strategies, NoSw and
 # Sw h = 1..3) and the baselines.

@@ -36,7 +36,7 @@ from pipelines import actions, launch
 from pipelines.models import EventKind, Run, RunStatus
 from pipelines.queue import Task, enqueue
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import power
+from pipelines.runtime.host import power
 
 log = logging.getLogger(__name__)
 ACTOR = "controller"
@@ -58,7 +58,8 @@ def _policy_version(run: Run) -> str:
 def replannable(run: Run) -> bool:
     """Whether the run's key groups can change live (runtime/replan.py): then the
     controller may want more workers than it has groups, and re-plans first."""
-    from pipelines.runtime import definition, replan
+    from pipelines.runtime.spec import definition
+    from pipelines.runtime.replan import gloss as replan
 
     try:
         spec = definition.validate(run.pipeline_version.definition)

@@ -19,7 +19,7 @@ import logging
 from control import loop
 from pipelines import actions, launch, plans
 from pipelines.models import Run, RunStatus
-from pipelines.runtime import planopt
+from pipelines.runtime.query import planopt
 
 log = logging.getLogger(__name__)
 # Tasks saturate when their modelled load reaches the share of a core a plan may fill.

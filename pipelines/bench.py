@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.runtime import cluster, definition
-from pipelines.runtime.harness import HarnessError, RunnerProcess
+from pipelines.runtime.cluster import standalone as cluster
+from pipelines.runtime.spec import definition
+from pipelines.runtime.runner.harness import HarnessError, RunnerProcess
 
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from django.conf import settings
 
 from pipelines.models import ACTIVE_STATUSES, Run
-from pipelines.runtime import cluster
+from pipelines.runtime.cluster import standalone as cluster
 
 # The policy form asks on every validation: the master is asked at most this often.
 CORES_CACHE_S = 10.0

@@ -7,8 +7,8 @@ from django import forms
 
 from control.models import Policy
 from pipelines.models import Pipeline
-from pipelines.runtime import definition as pdef
-from pipelines.runtime import elastic
+from pipelines.runtime.spec import definition as pdef
+from pipelines.runtime.elastic import migration as elastic
 
 log = logging.getLogger(__name__)
 

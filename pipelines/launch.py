@@ -14,8 +14,9 @@ from typing import Any
 from django.conf import settings
 
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import cluster, secretfile
-from pipelines.runtime import standby as sb
+from pipelines.runtime.cluster import standalone as cluster
+from pipelines.runtime.host import secretfile
+from pipelines.runtime.runner import standby as sb
 
 
 class LaunchError(RuntimeError):

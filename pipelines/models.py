@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from pipelines.runtime import definition as pdef
+from pipelines.runtime.spec import definition as pdef
 from pipelines.runtime.bus import RunnerEvent
 
 
@@ -168,7 +168,7 @@ class Run(models.Model):
     @property
     def keeps_output(self) -> bool:
         """Whether the run's sink keeps its output (what the exactly-once check reads)."""
-        from pipelines.runtime import definition
+        from pipelines.runtime.spec import definition
 
         try:
             return definition.validate(self.pipeline_version.definition).keep_output

@@ -1,5 +1,5 @@
 """The run's "Optimise plan" page: its Python operators' measured profile and COLA's
-proposal (``pipelines.runtime.planopt``), read from the run's directory on this host.
+proposal (``pipelines.runtime.query.planopt``), read from the run's directory on this host.
 
 The runner writes ``pe-plan.json`` (the PEs the forwarding query runs) and every PE
 worker its profile lines (``pe-profile/``); the source records read over the same
@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.models import Run
-from pipelines.runtime import dataflow, planopt
-from pipelines.runtime import definition as pdef
-from pipelines.runtime.dataflow_spark import pe_name
+from pipelines.runtime.spec import dataflow
+from pipelines.runtime.query import planopt
+from pipelines.runtime.spec import definition as pdef
+from pipelines.runtime.query.dataflow_spark import pe_name
 
 PROFILE_WINDOW_S = 30.0  # the profile the page shows: the last this many seconds
 PE_COLOURS = ("#dbe8fb", "#fde3cf", "#daf2dc", "#f3dcf5", "#fbf3c7", "#d6f1f3", "#eadfd4")

@@ -387,7 +387,7 @@ VERIFY_PROGRESS_EVERY_S = 1.0
 def verify_run(run_id: int, actor: str = "system") -> str:
     """The exactly-once check of a run's kept output (``pipelines.runtime.verify``), with
     its progress on the run page; the verdict is stored on the run and in its log."""
-    from pipelines.runtime import verify
+    from pipelines.runtime.verify import verifier as verify
 
     run = Run.objects.get(pk=run_id)
     last_push = 0.0

@@ -24,8 +24,8 @@ from pipelines.forms import (
     WorkersForm,
 )
 from pipelines.models import Pipeline, Run
-from pipelines.runtime import definition as pdef
-from pipelines.runtime.definition import DEMO_DEFINITION
+from pipelines.runtime.spec import definition as pdef
+from pipelines.runtime.spec.definition import DEMO_DEFINITION
 
 
 @login_required
@@ -216,7 +216,7 @@ def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
 
 def replan_refusal(run: Run) -> str | None:
     """Why this run's pipeline cannot be re-planned live, or None."""
-    from pipelines.runtime import replan
+    from pipelines.runtime.replan import gloss as replan
 
     try:
         return replan.replan_refusal(pdef.validate(run.pipeline_version.definition))
@@ -276,7 +276,7 @@ def run_plan(request: HttpRequest, pk: int) -> HttpResponse:
 
 def _apply_plan(request: HttpRequest, run: Run) -> HttpResponse:
     from control import jsonio
-    from pipelines.runtime import dataflow
+    from pipelines.runtime.spec import dataflow
 
     if run.status != "running":
         messages.error(request, f"Run {run.pk} is {run.status}; its plan changes only while "

@@ -56,7 +56,7 @@ _SPARK_TIME: list[tuple[str, float, list[dict[str, Any]]]] = []
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    from pipelines.runtime.harness import RunnerProcess
+    from pipelines.runtime.runner.harness import RunnerProcess
 
     if not item.get_closest_marker("spark"):
         yield
@@ -183,7 +183,7 @@ class Stack:
 def spark_cluster() -> Iterator[Any]:
     from django.conf import settings
 
-    from pipelines.runtime import cluster
+    from pipelines.runtime.cluster import standalone as cluster
 
     info = cluster.start(Path(settings.SPARK_DIR))
     yield info
@@ -198,7 +198,7 @@ def standby_pool(spark_cluster: Any, tmp_path_factory: pytest.TempPathFactory
     adopts one that warmed up while the previous test worked, instead of paying a
     Spark application's start itself. ``STREAMWISE_TEST_STANDBYS=0`` starts every
     run cold."""
-    from pipelines.runtime.harness import StandbyPool
+    from pipelines.runtime.runner.harness import StandbyPool
 
     if os.environ.get("STREAMWISE_TEST_STANDBYS", "1") == "0":
         yield None
@@ -218,7 +218,7 @@ def _harness_runs_adopt_standbys(request: pytest.FixtureRequest) -> Iterator[Non
     """The Spark tests without a database drive runners through the harness: they
     start them on the standby pool. (Those on the live stack start theirs through
     the control plane, which keeps no standby in tests.)"""
-    from pipelines.runtime.harness import RunnerProcess
+    from pipelines.runtime.runner.harness import RunnerProcess
 
     node = request.node
     if not (node.get_closest_marker("spark") and node.get_closest_marker("dbless")):
@@ -238,7 +238,7 @@ def one_worker(spark_cluster: Any) -> Callable[[dict[str, Any]], Any]:
     speed rather than assume it: ``one_worker(definition) -> Calibration``."""
     from django.conf import settings
 
-    from pipelines.runtime import calibration
+    from pipelines.runtime.runner import calibration
 
     def measure(definition: dict[str, Any]) -> Any:
         shape = calibration.shape_of(definition)

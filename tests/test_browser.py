@@ -303,7 +303,7 @@ def test_optimise_plan_shows_both_plans_and_applies_colas_live(
     COLA's; applying it re-plans the query live, the DAG then shows the new PEs, and the
     exactly-once check of the whole run says OK."""
     from pipelines.models import Run
-    from pipelines.runtime import pyops
+    from pipelines.runtime.operators import catalogue as pyops
     from tests.conftest import wait_for
 
     doc = pyops.hft_split_definition(1500)

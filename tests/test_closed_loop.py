@@ -17,7 +17,8 @@ from selenium.common.exceptions import NoSuchElementException, StaleElementRefer
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from pipelines.runtime import calibration, definition
+from pipelines.runtime.runner import calibration
+from pipelines.runtime.spec import definition
 from tests.conftest import stop_and_wait, wait_for
 from pipelines.management.browser import headless_chromium, log_in
 
@@ -83,7 +84,7 @@ def test_mpc_scales_a_live_run_up_and_down_and_the_page_shows_why(live_stack, op
     from control.models import Decision, Policy
     from pipelines.management.commands.seed_demo import seed_elastic_demo
     from pipelines.models import Run
-    from pipelines.runtime import verify
+    from pipelines.runtime.verify import verifier as verify
 
     cal = one_worker(definition.ELASTIC_DEFINITION)
     plan = calibration.step_plan(cal)

@@ -433,7 +433,7 @@ def test_node_strategies_run_at_maximum_frequency() -> None:
 
 def test_one_power_model_for_simulation_and_live_runs() -> None:
     from control.sim import engine
-    from pipelines.runtime import power
+    from pipelines.runtime.host import power
 
     sim_power = engine.SystemModel(min_workers=1, max_workers=12).power
     for n, f in ((12, 2.0), (1, 1.2), (4, 2.45)):

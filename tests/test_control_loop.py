@@ -96,7 +96,7 @@ def test_a_tick_never_overlaps_and_waits_for_a_pending_reconfiguration(local_ope
 @pytest.mark.django_db
 def test_alerts_are_audited_when_the_budget_binds(local_operator, clean_bus) -> None:
     from control import loop
-    from pipelines.runtime import power
+    from pipelines.runtime.host import power
 
     run = _run(local_operator, power_budget_w=power.modelled_power(1, 2.0) + 0.01,
                violation_steps=1)

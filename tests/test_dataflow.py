@@ -7,8 +7,8 @@ import json
 import pytest
 
 from pipelines.nexmark import queries
-from pipelines.runtime import dataflow
-from pipelines.runtime import definition as pdef
+from pipelines.runtime.spec import dataflow
+from pipelines.runtime.spec import definition as pdef
 
 pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
 
@@ -132,7 +132,7 @@ def test_the_moving_mean_does_not_depend_on_how_rows_are_split_into_batches() ->
     greatest rows by order among everything seen, whatever the batches."""
     import random
 
-    from pipelines.runtime import moving_mean
+    from pipelines.runtime.operators import moving_mean
 
     rng = random.Random(7)
     rows = [((float(rng.randrange(50)), float(rng.randrange(5))), float(rng.randrange(100)))
@@ -250,7 +250,7 @@ def test_the_verifiers_filter_equals_spark_sqls_null_rules_row_by_row() -> None:
     import numpy as np
     import pandas as pd
 
-    from pipelines.runtime import dataflow_pandas
+    from pipelines.runtime.verify import expressions as dataflow_pandas
 
     rng = random.Random(48)
     frame = pd.DataFrame({

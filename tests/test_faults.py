@@ -435,7 +435,7 @@ def test_a_runner_killed_while_throttling_leaves_no_process_stopped(tmp_path: Pa
     throttler = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time\n"
-         "from pipelines.runtime.frequency import DutyCycleThrottle\n"
+         "from pipelines.runtime.host.frequency import DutyCycleThrottle\n"
          f"t = DutyCycleThrottle(lambda: [{victim.pid}], f_max_ghz=2.0, period_s=0.05)\n"
          "t.set(0.2)\n"
          "while t._watchdog is None:\n"

@@ -23,8 +23,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from pipelines.nexmark import queries
-from pipelines.runtime import dataflow, pyops
-from pipelines.runtime import definition as pdef
+from pipelines.runtime.spec import dataflow
+from pipelines.runtime.operators import catalogue as pyops
+from pipelines.runtime.spec import definition as pdef
 from tests.conftest import SMALL_DEFINITION, make_pipeline_and_policy, run_async
 from tests.test_lab import FORM
 
@@ -435,7 +436,7 @@ def test_a_websocket_stops_pushing_to_a_user_logged_out_or_demoted(
 # -------------------------------------------------- the verifier on event_time filters
 @pytest.mark.dbless
 def test_the_verifier_computes_a_filter_on_event_time_and_is_not_none() -> None:
-    from pipelines.runtime import verify
+    from pipelines.runtime.verify import verifier as verify
 
     doc = pyops.hft_split_definition(1000)
     doc["nodes"].insert(1, {"id": "known", "type": "filter", "input": "quotes",
@@ -575,7 +576,7 @@ def test_the_expression_checker_raises_only_its_error_and_the_verifier_evaluates
     import numpy as np
     import pandas as pd
 
-    from pipelines.runtime import dataflow_pandas
+    from pipelines.runtime.verify import expressions as dataflow_pandas
 
     try:
         tree = dataflow.parse_expression(text, COLUMNS, "where")

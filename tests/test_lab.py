@@ -217,7 +217,7 @@ def test_a_comparison_calibrated_from_a_run_makes_a_policy_a_live_run_can_use(op
     from control.models import LabRun
     from pipelines.cluster_status import cluster_cores
     from pipelines.models import MetricSample, Run
-    from pipelines.runtime.power import modelled_power
+    from pipelines.runtime.host.power import modelled_power
     from tests.conftest import make_pipeline_and_policy
 
     pipeline, policy = make_pipeline_and_policy(operator, name="calib", max_workers=2)

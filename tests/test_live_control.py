@@ -10,7 +10,7 @@ import pytest
 
 from control import live
 from control.strategies.mpc import Config
-from pipelines.runtime import power
+from pipelines.runtime.host import power
 
 pytestmark = pytest.mark.dbless
 F_MAX = 2.0
@@ -483,7 +483,7 @@ def test_the_mtm_is_estimated_from_the_runs_own_worker_counts() -> None:
 
 
 def test_the_runtime_plans_a_routing_table_with_the_mtm_look_ahead() -> None:
-    from pipelines.runtime import elastic
+    from pipelines.runtime.elastic import migration as elastic
 
     current = ["1", "2", "1", "2", "1", "2", "1"]  # not contiguous: Spark's placement
     loads, sizes = [1.14, 1.11, 0.76, 1.72, 0.57, 1.41, 1.43], [2.46, 1.09, 1.33, 2.17,

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from pipelines.runtime import cluster, definition, verify
-from pipelines.runtime.harness import RunnerProcess
+from pipelines.runtime.cluster import standalone as cluster
+from pipelines.runtime.spec import definition
+from pipelines.runtime.verify import verifier as verify
+from pipelines.runtime.runner.harness import RunnerProcess
 from tests import netns
 
 pytestmark = [pytest.mark.spark, pytest.mark.multihost, pytest.mark.single_pass]

@@ -233,7 +233,7 @@ def test_the_bench_staircase_stops_at_the_first_step_that_is_not_sustainable() -
     """The bench's judgement on made-up batches: 2x the unloaded p95 or a backlog that
     grows by more than a second of input ends the staircase; p95 at half is two √2
     steps below the sustainable rate."""
-    from pipelines.runtime import nexmark_bench as nb
+    from pipelines.runtime.bench import nexmark as nb
 
     stairs = nb.staircase(100, 10, steps=6)
     assert [r for _a, r in stairs] == [100, 141.4, 200, 282.8, 400, 565.7]
@@ -261,7 +261,7 @@ def test_the_bench_staircase_climbs_from_a_given_rate_after_the_unloaded_step() 
     """``--climb-from``: the unloaded step (longer: Spark warms up in it; only its last
     step counts), then the climb; the sustainable rate and the p95 at half come from the climb, and a climb
     that fails at once says so instead of reporting the unloaded rate."""
-    from pipelines.runtime import nexmark_bench as nb
+    from pipelines.runtime.bench import nexmark as nb
 
     stairs = nb.staircase(100, 10, steps=6, climb_from=800, unloaded_s=20)
     assert stairs == [[0, 100], [20, 800.0], [30, 1131.4], [40, 1600.0], [50, 2262.7],
@@ -292,7 +292,7 @@ def test_the_bench_takes_the_unloaded_p95_from_the_first_climbing_step_when_lowe
     """A join still catching up at the end of the unloaded step (its p95 30 s) must not
     make "2x unloaded" a minute: the first climbing step's p95 is the floor when lower,
     and that step is then judged on its backlog only."""
-    from pipelines.runtime import nexmark_bench as nb
+    from pipelines.runtime.bench import nexmark as nb
 
     stairs = nb.staircase(100, 10, steps=6, climb_from=800, unloaded_s=10)
     result = nb.Result("Q4", "plain", 1)
@@ -310,7 +310,7 @@ def test_the_bench_takes_the_unloaded_p95_from_the_first_climbing_step_when_lowe
 def test_the_bench_counts_cpu_of_a_process_tree_and_compares_it_per_event() -> None:
     """``tree_cpu_s`` sees a child's CPU (read from /proc); ``cpu_per_1k`` compares the
     two systems over the climbing steps both held."""
-    from pipelines.runtime import nexmark_bench as nb
+    from pipelines.runtime.bench import nexmark as nb
 
     child = subprocess.Popen([sys.executable, "-c",
                               "import time\nt = time.process_time()\n"
@@ -343,7 +343,7 @@ def test_the_bench_table_gives_medians_over_repeated_runs_and_rereads_its_json()
     the results back from ``--json``."""
     import dataclasses
 
-    from pipelines.runtime import nexmark_bench as nb
+    from pipelines.runtime.bench import nexmark as nb
 
     def run(system: str, rate: float, rep: int, cpu_s: float) -> nb.Result:
         steps = [nb.Step(rate=100, sustainable=True, rows=1000, cpu_s=9.0),
@@ -365,7 +365,7 @@ def test_the_bench_table_gives_medians_over_repeated_runs_and_rereads_its_json()
 def test_the_bench_judges_a_step_failed_when_no_batch_ends_long_after_it() -> None:
     """A stuck query (an executor out of memory, a batch that never ends) fails its step
     instead of holding the bench forever."""
-    from pipelines.runtime import nexmark_bench as nb
+    from pipelines.runtime.bench import nexmark as nb
 
     stairs = [[0, 100.0], [40, 200.0], [50, 400.0]]
     result = nb.Result("Q7", "streamwise", 2)
@@ -390,7 +390,7 @@ def test_the_bench_floor_is_the_lowest_p95_so_far_and_saved_results_are_rejudged
     results saved under an earlier, laxer one."""
     import copy
 
-    from pipelines.runtime import nexmark_bench as nb
+    from pipelines.runtime.bench import nexmark as nb
 
     stairs = nb.staircase(100, 10, steps=10, climb_from=800, unloaded_s=10)
     p95 = [24_000, 26_000, 10_700, 9200, 6400, 4650, 6200, 7500, 9800, 20_000]

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from pipelines.nexmark import queries
-from pipelines.runtime import definition, verify
-from pipelines.runtime.harness import RunnerProcess
+from pipelines.runtime.spec import definition
+from pipelines.runtime.verify import verifier as verify
+from pipelines.runtime.runner.harness import RunnerProcess
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbless]
 

@@ -12,7 +12,10 @@ import pandas as pd
 import pytest
 
 from control import workload
-from pipelines.runtime import dataflow, definition, planopt, pyops
+from pipelines.runtime.spec import dataflow
+from pipelines.runtime.spec import definition
+from pipelines.runtime.query import planopt
+from pipelines.runtime.operators import catalogue as pyops
 
 
 def _quotes(n: int = 3000) -> pd.DataFrame:

@@ -15,9 +15,12 @@ import pandas as pd
 import pytest
 
 from control import workload
-from pipelines.runtime import definition, planopt, pyops, verify
-from pipelines.runtime.dataflow_spark import pe_name, profile_dir
-from pipelines.runtime.harness import RunnerProcess
+from pipelines.runtime.spec import definition
+from pipelines.runtime.query import planopt
+from pipelines.runtime.operators import catalogue as pyops
+from pipelines.runtime.verify import verifier as verify
+from pipelines.runtime.query.dataflow_spark import pe_name, profile_dir
+from pipelines.runtime.runner.harness import RunnerProcess
 
 pytestmark = [pytest.mark.spark, pytest.mark.dbless, pytest.mark.timeout(900)]
 

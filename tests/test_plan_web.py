@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from django.test import Client
 
-from pipelines.runtime import pyops
+from pipelines.runtime.operators import catalogue as pyops
 from tests.conftest import make_pipeline_and_policy
 
 COSTS_US = dict(zip(pyops.HFT_STEPS, (2.0, 0.8, 0.7, 4.0, 0.9, 1.2), strict=True))

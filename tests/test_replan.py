@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.runtime import definition, replan
-from pipelines.runtime.source import GeneratorStreamReader, source_options
+from pipelines.runtime.spec import definition
+from pipelines.runtime.replan import gloss as replan
+from pipelines.runtime.query.source import GeneratorStreamReader, source_options
 
 pytestmark = [pytest.mark.dbless]
 
@@ -76,7 +77,7 @@ def test_the_forwarding_generation_runs_in_the_pool_that_gets_slots_first(
     # The pools the runner names are the ones Spark is given, weighted that way round.
     from xml.etree import ElementTree
 
-    from pipelines.runtime.session import FAIR_POOLS
+    from pipelines.runtime.query.session import FAIR_POOLS
 
     weights = {p.get("name"): int(p.findtext("weight"))
                for p in ElementTree.parse(FAIR_POOLS).getroot().iter("pool")}
@@ -234,7 +235,7 @@ def test_a_catching_up_generation_plans_once_the_forwarded_batch_of_the_interval
     """The arbiter writes the gate as the forwarding query's batches are written; the
     candidate's source waits for the one of the current trigger interval, not for ever,
     and not at all once it reaches the forwarded end (the hand-over batch)."""
-    from pipelines.runtime.source import wait_for_forwarded
+    from pipelines.runtime.query.source import wait_for_forwarded
 
     old = _Gen(0, {0: (0, 10), 1: (10, 20), 2: (20, 30)})
     arbiter = replan.Arbiter(tmp_path, old)
@@ -273,7 +274,7 @@ def test_a_catching_up_generation_plans_once_the_forwarded_batch_of_the_interval
 def test_a_turn_is_not_waited_for_past_the_next_trigger_instant(tmp_path: Path) -> None:
     """A forwarding query that writes nothing in the interval (overloaded, or stopped
     without the file removed) holds the candidate up to the next trigger instant."""
-    from pipelines.runtime.source import wait_for_forwarded
+    from pipelines.runtime.query.source import wait_for_forwarded
 
     gate = tmp_path / "gate.json"
     gate.write_text(json.dumps({"committed_at": 0.0, "forwarded_end": 100,
@@ -395,7 +396,7 @@ def test_a_starved_transfer_is_raised_from_idle_to_low_priority_with_its_childre
     import subprocess
     import sys
 
-    from pipelines.runtime import reseed
+    from pipelines.runtime.replan import transfer as reseed
 
     if os.geteuid() != 0:
         pytest.skip("raising a priority needs root or CAP_SYS_NICE")
@@ -428,7 +429,7 @@ def test_a_transfer_is_starving_when_its_group_gets_almost_no_cpu() -> None:
     import subprocess
     import sys
 
-    from pipelines.runtime import reseed
+    from pipelines.runtime.replan import transfer as reseed
 
     sleeping = subprocess.Popen(["sleep", "30"], start_new_session=True)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"],
@@ -497,7 +498,8 @@ def test_the_transfer_gate_stops_the_transfer_during_a_batch_and_never_for_long(
     import subprocess
     import sys
 
-    from pipelines.runtime import procs, reseed
+    from pipelines.runtime.host import procs
+    from pipelines.runtime.replan import transfer as reseed
 
     # A busy transfer stand-in in a session of its own, with a child (its "JVM").
     proc = subprocess.Popen([sys.executable, "-c",

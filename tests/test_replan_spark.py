@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from pipelines.runtime import definition, verify
-from pipelines.runtime.harness import RunnerProcess
+from pipelines.runtime.spec import definition
+from pipelines.runtime.verify import verifier as verify
+from pipelines.runtime.runner.harness import RunnerProcess
 
 # Each re-plan's phases have the runner's own limits (300 s for the transfer, 300 s for
 # the catch-up): the tests took 235-373 s on a quiet day and the HFT one passed 600 s

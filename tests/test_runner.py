@@ -6,9 +6,9 @@ import json
 import pytest
 
 from pipelines.runtime import bus as busmod
-from pipelines.runtime.definition import DEMO_DEFINITION
-from pipelines.runtime.query import BatchCommit
-from pipelines.runtime.runner import Runner, RunnerConfig
+from pipelines.runtime.spec.definition import DEMO_DEFINITION
+from pipelines.runtime.query.compiler import BatchCommit
+from pipelines.runtime.runner.runner import Runner, RunnerConfig
 
 pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
 
@@ -30,7 +30,7 @@ def test_a_new_run_never_resumes_an_existing_checkpoint(tmp_path) -> None:
 
 
 def test_bad_config_is_refused_with_one_line(tmp_path, capsys) -> None:
-    from pipelines.runtime.runner import main
+    from pipelines.runtime.runner.runner import main
 
     (tmp_path / "cfg.json").write_text('{"run_id": 1}')
     assert main([str(tmp_path / "cfg.json")]) == 2
@@ -42,7 +42,7 @@ def test_the_control_plane_waits_for_an_ack_as_long_as_a_migration_may_run() -> 
     shorter wait marked it failed while the runner went on to apply it."""
     from django.conf import settings
 
-    from pipelines.runtime.reconfigure import MIGRATION_TIMEOUT_S
+    from pipelines.runtime.elastic.reconfigure import MIGRATION_TIMEOUT_S
 
     assert settings.COMMAND_ACK_TIMEOUT_S >= MIGRATION_TIMEOUT_S + 60
 
@@ -125,7 +125,7 @@ def test_a_batchs_metrics_record_is_the_typed_contract_the_control_plane_reads(t
     from typing import get_type_hints
 
     from pipelines.actions import GROUP_FIELDS, SAMPLE_FIELDS
-    from pipelines.runtime.placement import BatchTasks, TaskRecord
+    from pipelines.runtime.elastic.placement import BatchTasks, TaskRecord
 
     runner = _runner(tmp_path, t0=1000.0)
     metrics, groups = runner.metrics, runner.spec.key_groups

@@ -73,7 +73,7 @@ APP_PROBE = """
 import os, sys, time
 from pyspark.sql import SparkSession
 if sys.argv[3] == "product":  # the product's own session, secret from the cluster's file
-    from pipelines.runtime.session import build_session
+    from pipelines.runtime.query.session import build_session
     spark = build_session(sys.argv[1], sys.argv[2], 1, "512m")
 else:
     builder = (SparkSession.builder.master(sys.argv[1]).appName(sys.argv[2])
@@ -118,7 +118,7 @@ def test_the_embedded_cluster_admits_only_applications_with_its_secret(
     import sys
     import time
 
-    from pipelines.runtime import cluster
+    from pipelines.runtime.cluster import standalone as cluster
 
     secret_file = Path(spark_cluster.secret_file)
     assert oct(secret_file.stat().st_mode & 0o777) == "0o600"

@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import definition, frequency, verify
-from pipelines.runtime.harness import RunnerProcess
+from pipelines.runtime.spec import definition
+from pipelines.runtime.host import frequency
+from pipelines.runtime.verify import verifier as verify
+from pipelines.runtime.runner.harness import RunnerProcess
 from tests.conftest import ROOT, wait_for
 from tests.test_faults import OwnRedis
 

@@ -1,4 +1,4 @@
-"""Warm standby runners (pipelines.runtime.standby): a run adopts a standby's Spark
+"""Warm standby runners (pipelines.runtime.runner.standby): a run adopts a standby's Spark
 application and starts from it; what a standby cannot serve starts cold."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tests.conftest import make_pipeline_and_policy, run_status, stop_and_wait, 
 
 
 def _offer(**changes):
-    from pipelines.runtime.standby import Offer
+    from pipelines.runtime.runner.standby import Offer
 
     doc = {"standby_id": "s1", "pid": 1, "master_url": "spark://127.0.0.1:7077",
            "max_workers": 4, "executor_memory": "512m", "app_id": "app-1", "ready_at": 0.0}
@@ -19,7 +19,7 @@ def _offer(**changes):
 
 @pytest.mark.dbless
 def test_a_standby_fits_only_runs_its_application_can_serve() -> None:
-    from pipelines.runtime.standby import Offer, fits
+    from pipelines.runtime.runner.standby import Offer, fits
 
     offer = _offer()
     run = {"master_url": "spark://127.0.0.1:7077", "max_workers": 2,
@@ -44,7 +44,7 @@ def test_a_run_adopts_a_warm_standby_and_scales_from_it(live_stack, operator,
     from pipelines.launch import process_state
     from pipelines.models import MetricSample, Run
     from pipelines.runtime import bus as busmod
-    from pipelines.runtime import standby as sb
+    from pipelines.runtime.runner import standby as sb
 
     r = busmod.connect(settings.REDIS_URL)
     r.delete(sb.READY_KEY)

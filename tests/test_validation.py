@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipelines.runtime import definition as pdef
+from pipelines.runtime.spec import definition as pdef
 
 GOOD = pdef.DEMO_DEFINITION
 

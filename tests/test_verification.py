@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 from django.test import Client
 
-from pipelines.runtime.query import output_path
+from pipelines.runtime.query.compiler import output_path
 from tests.conftest import make_pipeline_and_policy, wait_for
 from tests.test_elastic_units import COUNT_DOC, _fake_run
 

@@ -82,7 +82,7 @@ def test_a_data_file_is_a_regular_file_inside_the_data_root(tmp_path, monkeypatc
     outside the root is opened; a definition naming one is refused at that field."""
     import os
 
-    from pipelines.runtime import definition
+    from pipelines.runtime.spec import definition
 
     root = tmp_path / "data"
     (root / "traces").mkdir(parents=True)
@@ -128,7 +128,8 @@ def test_a_data_file_is_a_regular_file_inside_the_data_root(tmp_path, monkeypatc
 
 
 def test_reader_partitions_cover_the_offsets_and_replay_identically() -> None:
-    from pipelines.runtime import definition, source
+    from pipelines.runtime.spec import definition
+    from pipelines.runtime.query import source
 
     spec = definition.validate({
         "source": {"seed": 5, "partitions": 3, "rate": {"kind": "constant", "records_per_s": 50},
@@ -150,8 +151,9 @@ def test_readers_of_one_source_agree_on_every_batch_end(tmp_path) -> None:
     instants plan the same ends: the first to plan a batch decides it."""
     import time
 
-    from pipelines.runtime import definition, source
-    from pipelines.runtime.source import ReadMaxRows
+    from pipelines.runtime.spec import definition
+    from pipelines.runtime.query import source
+    from pipelines.runtime.query.source import ReadMaxRows
 
     spec = definition.validate({
         "source": {"seed": 5, "rate": {"kind": "constant", "records_per_s": 10_000},

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from pipelines.runtime.secretfile import make_once
+from pipelines.runtime.host.secretfile import make_once
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Every file a Streamwise process makes is its user's alone: the SQLite database,
@@ -213,7 +213,7 @@ SPARK_DRIVER_HOST = os.environ.get("SPARK_DRIVER_HOST", "127.0.0.1")
 SPARK_DIR = Path(os.environ.get("SPARK_DIR", VAR_DIR / "spark"))
 CHECKPOINT_ROOT = Path(os.environ.get("CHECKPOINT_ROOT", VAR_DIR / "checkpoints"))
 EXECUTOR_MEMORY = os.environ.get("EXECUTOR_MEMORY", "512m")
-# Warm standby runners kept ready on the embedded cluster (pipelines.runtime.standby): a
+# Warm standby runners kept ready on the embedded cluster (pipelines.runtime.runner.standby): a
 # run that one fits starts its query at once instead of starting Spark. 0 turns them off.
 STANDBY_RUNNERS = int(os.environ.get("STANDBY_RUNNERS", "1"))
 # spark.cores.max of a standby's application: runs whose policy allows more workers
@@ -225,7 +225,7 @@ STANDBY_QUIET_S = float(os.environ.get("STANDBY_QUIET_S", "30"))
 # A run that has been "starting" this long without a heartbeat is lost.
 RUNNER_START_GRACE_S = float(os.environ.get("RUNNER_START_GRACE_S", "30"))
 # A reconfiguration's acknowledgement may take as long as the runner lets a migration run
-# (pipelines.runtime.reconfigure.MIGRATION_TIMEOUT_S, 600 s) plus an executor's start: a
+# (pipelines.runtime.elastic.reconfigure.MIGRATION_TIMEOUT_S, 600 s) plus an executor's start: a
 # shorter wait marked a slow scale-up failed while the runner went on to finish it.
 COMMAND_ACK_TIMEOUT_S = float(os.environ.get("COMMAND_ACK_TIMEOUT_S", "720"))
 # A run still pending this long has its start queued again (a queued task is lost when

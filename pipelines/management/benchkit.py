@@ -80,7 +80,7 @@ class Product:
         """The processes (as groups), then the standby runners (the reconciler, while it
         lived, could start one after they were stopped), then the cluster."""
         from pipelines import launch
-        from pipelines.runtime import cluster
+        from pipelines.runtime.cluster import standalone as cluster
 
         for proc in self.procs:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -94,7 +94,7 @@ def start_product(out: Any) -> Product:
     """Start the embedded Spark cluster and the product's processes on a free port, and
     wait for daphne; ``out`` (a command's stdout) is told what is happening."""
     from pipelines.management.processes import end_on_sigterm, product_processes
-    from pipelines.runtime import cluster
+    from pipelines.runtime.cluster import standalone as cluster
 
     end_on_sigterm()  # a killed benchmark leaves no runner or cluster behind
     var = Path(settings.VAR_DIR)

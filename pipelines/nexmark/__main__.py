@@ -8,7 +8,7 @@
         (``reference.py``: Beam's semantics, outside Spark).
     python -m pipelines.nexmark bench [--queries Q0,Q5] [--workers 1,2] ...
         Sustainable rate per query on 1 and 2 executors, Streamwise vs plain PySpark
-        (``pipelines.runtime.nexmark_bench``; it needs Spark, this package does not).
+        (``pipelines.runtime.bench.nexmark``; it needs Spark, this package does not).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         # run as its own module rather than imported (the layers stay acyclic).
         import os
 
-        os.execv(sys.executable, [sys.executable, "-m", "pipelines.runtime.nexmark_bench",
+        os.execv(sys.executable, [sys.executable, "-m", "pipelines.runtime.bench.nexmark",
                                   *argv[1:]])
     args = parser().parse_args(argv)
     out = sys.stdout

@@ -1,4 +1,4 @@
-"""NEXMark queries as Streamwise dataflow pipelines (``pipelines.runtime.dataflow``).
+"""NEXMark queries as Streamwise dataflow pipelines (``pipelines.runtime.spec.dataflow``).
 
 Each returns a definition over the ``nexmark`` source at a given rate; its results are
 checked against ``reference.py``. Windows are Beam's defaults (fixed 10 s; sliding 10 s

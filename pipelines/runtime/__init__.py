@@ -1,4 +1,14 @@
-"""The elastic Spark runtime: the runner process (one per run, a PySpark driver), its
-Redis contract, the deterministic source, placement and migration of keyed state, and
-the measurement harnesses. No Django import (``make lint`` checks it): the control plane
-talks to a runner only through Redis."""
+"""The elastic Spark runtime, with no Django import (``make lint`` checks it): the
+control plane talks to a runner only through Redis (``bus``). Its rooms, bottom up:
+
+* ``operators`` — the Python operators (pandas, no Spark);
+* ``spec`` — a definition validated into a typed spec;
+* ``query`` — a spec compiled into a Structured Streaming query, its sources and sink;
+* ``host``, ``cluster`` — the machine (frequency, power, private files) and the
+  embedded standalone cluster;
+* ``runner`` — the runner process, its session, standbys and per-batch metrics;
+* ``elastic`` — scaling, migration and placement of keyed state;
+* ``replan`` — the live re-plan (Gloss) and its state transfer;
+* ``verify`` — the exactly-once check of a run's output;
+* ``bench`` — the runtime's benchmarks (nothing else imports them).
+"""

@@ -26,7 +26,7 @@ from pipelines.management.benchkit import (PASSWORD, bench_operator, free_port, 
 from pipelines.management.processes import end_on_sigterm
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import bus as busmod
-from pipelines.runtime.definition import DEMO_DEFINITION
+from pipelines.runtime.spec.definition import DEMO_DEFINITION
 from pipelines.management.browser import headless_chromium, log_in
 
 

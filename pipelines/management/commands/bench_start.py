@@ -8,7 +8,7 @@ received its first metrics point over the WebSocket (browser and benchmark share
 machine's clock); then stops the run. Each run's start-up stages (runner, session,
 executors, query, first batch) are read from its audited events. Before each Start it
 waits, as an operator would, until the product's warm standby runner is offered
-(pipelines.runtime.standby; STANDBY_RUNNERS=0 measures cold starts), and says which
+(pipelines.runtime.runner.standby; STANDBY_RUNNERS=0 measures cold starts), and says which
 kind each run got.
 
 The baseline, measured in the same run on the same cluster, is a bare PySpark
@@ -32,8 +32,8 @@ from pipelines import actions
 from pipelines.management.benchkit import PASSWORD, bench_operator, start_product, wait_ended
 from pipelines.models import Pipeline, Run
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import standby
-from pipelines.runtime.definition import DEMO_DEFINITION
+from pipelines.runtime.runner import standby
+from pipelines.runtime.spec.definition import DEMO_DEFINITION
 from pipelines.management.browser import headless_chromium, log_in
 
 STAGES = ("runner:runner_started", "runner:session_started", "runner:executors_ready",

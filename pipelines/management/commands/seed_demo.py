@@ -12,8 +12,8 @@ from accounts.roles import ADMIN, sync_roles
 from pipelines import actions
 from pipelines.models import Pipeline
 from pipelines.nexmark import queries as nexmark_queries
-from pipelines.runtime import calibration
-from pipelines.runtime.definition import DEMO_DEFINITION, ELASTIC_DEFINITION, HFT_DEFINITION
+from pipelines.runtime.runner import calibration
+from pipelines.runtime.spec.definition import DEMO_DEFINITION, ELASTIC_DEFINITION, HFT_DEFINITION
 
 DEMO_PIPELINE = "hft-demo"
 HFT_PIPELINE = "hft-kernel"

@@ -25,9 +25,11 @@ from django.core.management.base import BaseCommand, CommandError
 from pipelines import launch
 from pipelines.management.processes import end_on_sigterm, product_processes
 from pipelines.runtime import bus as busmod
-from pipelines.runtime import calibration, cluster, secretfile
-from pipelines.runtime.definition import ELASTIC_DEFINITION
-from pipelines.runtime.harness import HarnessError
+from pipelines.runtime.runner import calibration
+from pipelines.runtime.cluster import standalone as cluster
+from pipelines.runtime.host import secretfile
+from pipelines.runtime.spec.definition import ELASTIC_DEFINITION
+from pipelines.runtime.runner.harness import HarnessError
 
 
 def redis_answers(url: str) -> bool:
