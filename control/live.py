@@ -32,7 +32,8 @@ import statistics
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from control import forecasting as fc
 from control import sysmodel as sm
 from control.planning import PlanningError
 from control.planning import migration as planners
-from control.strategies import RULES, STATICS, mpc, rules
+from control.strategies import RULES, STATICS, STRATEGIES, mpc, rules
 from control.strategies.controller import MpcController
 from control.strategies.mpc import Config, TransitionModel
 
@@ -620,6 +621,7 @@ class LiveController:
     violations: int = 0
     last_alerts: tuple[str, ...] = ()
     last_rebalance_step: int = -REBALANCE_COOLDOWN_STEPS
+    _decider: Decider | None = None
     _mpc: MpcController | None = None
     _rule: Any = None
     _rates: deque = field(default_factory=lambda: deque(maxlen=3))
@@ -634,50 +636,12 @@ class LiveController:
             raise LoopError("workers: need 1 <= min <= max")
         if not p.freqs_ghz or min(p.freqs_ghz) <= 0:
             raise LoopError("frequencies: need at least one positive frequency")
-        bounds = {"n_min": p.min_workers, "n_max": p.max_workers}
-        params = p.params
-        if p.strategy in MPC_STRATEGIES:
-            switching = params.get("switching", True)
-            forecaster = {"holt": fc.Holt, "ma3": fc.MovingAverage3,
-                          "last": fc.LastValue}[params.get("forecaster", "holt")]()
-            mpc_params: dict[str, Any] = {
-                "latency_bound_s": p.latency_bound_s, "power": p.power,
-                "latency_model": "microbatch", "latency_quantile": LATENCY_QUANTILE,
-                "power_budget_w": p.power_budget_w,
-                "gamma": float(params.get("gamma", 0.4)) if switching else 0.0}
-            if p.strategy == "lat-power":
-                mpc_params["beta"] = LAT_POWER_BETA
-            for key in ("alpha", "beta", "transition_weight"):
-                if key in params:
-                    mpc_params[key] = float(params[key])
-            # Eq. 6.17 counts a frequency change in P-state steps: the run's own spacing
-            # (the thesis' machines were 0.1 GHz apart; emulated P-states here are 10 %
-            # of f_max apart: at 0.1 GHz one P-state down cost 2.45^2 = 6 times one
-            # worker more, and Lat-Power never changed frequency on real Spark).
-            mpc_params["f_step"] = pstate_step(p.freqs_ghz)
-            self._mpc = MpcController(
-                strategy=p.strategy, horizon=int(params.get("horizon", 1)) if switching else 1,
-                solver="dp", params=mpc_params,
-                worker_options=tuple(range(p.min_workers, p.max_workers + 1)),
-                freq_options=tuple(sorted(p.freqs_ghz)), forecaster=forecaster,
-                feedback_limits=FEEDBACK_LIMITS)
-        elif p.strategy == "th-rule":
-            self._rule = rules.ThRule(theta_max=params.get("theta_max", 0.9),
-                                      theta_min=params.get("theta_min", 0.8), **bounds)
-        elif p.strategy == "lat-rule":
-            self._rule = rules.LatRule(bound_s=p.latency_bound_s,
-                                       xi_max=params.get("xi_max", 1.2),
-                                       xi_min=params.get("xi_min", 0.8), **bounds)
-        elif p.strategy == "spl":
-            self._rule = rules.SPL(
-                congestion_threshold=params.get("congestion_threshold", 0.1),
-                sensitivity=params.get("sensitivity", 0.9), **bounds)
-        elif p.strategy == "peak-load":
-            self._rule = rules.PeakLoad(f_max=p.f_max, **bounds)
-        elif p.strategy == "ds2":
-            self._rule = rules.DS2(control_step_s=p.control_step_s,
-                                   target_utilisation=params.get("target_utilisation", 0.7),
-                                   **bounds)
+        if p.strategy not in STRATEGY_REGISTRY:
+            raise LoopError(f"strategy: {p.strategy!r} has no controller (one of: "
+                            f"{', '.join(STRATEGY_REGISTRY)})")
+        self._decider = STRATEGY_REGISTRY[p.strategy].build(p)
+        self._mpc = getattr(self._decider, "mpc", None)
+        self._rule = getattr(self._decider, "rule", None)
 
     # ----------------------------------------------------------------- state
     def to_state(self) -> dict[str, Any]:
@@ -799,12 +763,47 @@ class LiveController:
 
     # ------------------------------------------------------------------- step
     def step(self, records: list[dict[str, Any]], current: Config) -> LiveDecision:
-        """One control step over the batches committed since the last one."""
+        """One control step over the batches committed since the last one: learn from
+        them (model), decide (the strategy's :class:`Decider`), guard (alerts), then
+        rebalance if the configuration holds, and record the decision."""
         p = self.policy
         # A read-only frequency (cpuinfo: 2.596 GHz) is the settable one nearest to it
         # (2.6): a rounding difference is not a frequency change.
         current = Config(current.workers,
                          min(p.freqs_ghz, key=lambda f: abs(f - current.freq_ghz)))
+        obs, scored = self._learn(records, current)
+        self.step_index += 1
+        started = time.perf_counter()
+        rate = max(obs.rate, 1e-9)
+        if records[-1].get("batch_id", WARMUP_BATCHES) < WARMUP_BATCHES:
+            return self._warming_up(records, obs, current, rate, started)
+        transition = self.transitions.model(sum(b or 0 for b in
+                                                records[-1].get("group_bytes") or []))
+        ctx = StepContext(records=records, obs=obs, current=current, rate=rate,
+                          transition=transition)
+        assert self._decider is not None
+        choice = self._decider.decide(self, ctx)
+        alerts = choice.alerts + self._bound_alerts(choice.chosen, rate, choice.feedback)
+        solve_ms = (time.perf_counter() - started) * 1000.0
+        self.last_prediction = dict(choice.predictions[0])
+        alerts, violated = self._guard(obs, alerts)
+        action = "+".join(a for a, changed in (
+            ("scale", choice.chosen.workers != current.workers),
+            ("frequency", not math.isclose(choice.chosen.freq_ghz, current.freq_ghz,
+                                           abs_tol=1e-6)))
+            if changed) or "hold"
+        action, reason, rebalance = self._rebalance(ctx, action, choice.reason)
+        if choice.chosen.workers > current.workers:
+            self.transitions.scale_decided(records[-1]["t"], choice.chosen.workers)
+        self.worker_history = (self.worker_history + [current.workers])[-HISTORY_STEPS:]
+        return self._record(ctx, choice, action, reason, alerts, solve_ms, scored,
+                            violated, rebalance)
+
+    def _learn(self, records: list[dict[str, Any]], current: Config
+               ) -> tuple[StepObservation, dict[str, Any]]:
+        """Monitor and fit: the step's observation, the batch model re-fitted on its
+        steady batches, the transitions measured, the last prediction scored."""
+        p = self.policy
         obs = observe(records, self.last_record)
         self.last_record = records[-1]
         for r in records:
@@ -816,145 +815,271 @@ class LiveController:
                                float(r.get("frequency_ghz") or current.freq_ghz), p.f_max)
         self.model.fit()
         self.transitions.observe(records, self.model, p.f_max)
-        scored = self._score(obs)
-        self.step_index += 1
-        started = time.perf_counter()
-        alerts: list[str] = []
-        rate = max(obs.rate, 1e-9)
-        if records[-1].get("batch_id", WARMUP_BATCHES) < WARMUP_BATCHES:
-            prediction = self._predict(current, rate, 1.0)
-            self.last_prediction = None
-            return LiveDecision(
-                step=self.step_index, t=records[-1]["t"], strategy=p.strategy,
-                inputs={**asdict(obs), "warming_up": True},
-                chosen={"workers": current.workers, "freq_ghz": current.freq_ghz},
-                current={"workers": current.workers, "freq_ghz": current.freq_ghz},
-                action="hold", predictions=[prediction], cost={},
-                solve_ms=(time.perf_counter() - started) * 1000.0,
-                reason=f"warming up: no decision on the first {WARMUP_BATCHES} batches",
-                alerts=[], model_error={"last": {}, "mape": self.mape()})
-        feedback = 1.0
-        cost: dict[str, Any] = {}
-        transition = self.transitions.model(sum(b or 0 for b in
-                                                records[-1].get("group_bytes") or []))
-        if self._mpc is not None:
-            self._mpc.params["batch_overhead_s"] = self.model.overhead_s
-            self._mpc.params["transition"] = transition
-            cost_here = self.model.cost_s * p.f_max / current.freq_ghz
-            per_batch = obs.throughput * (obs.batch_s or 0.0)
-            steady = obs.backlog <= 2 * max(per_batch, 1.0)
-            decision = self._mpc.step(current, rate, cost_here, 1.0, 1.0,
-                                      obs.latency_s if steady else None)
-            feedback = self._mpc.feedback
-            chosen = decision.chosen
-            predictions = [dict(workers=s.workers, freq_ghz=s.freq_ghz, rate=s.rate,
-                                utilisation=s.utilisation, latency_s=s.latency_s,
-                                throughput=s.throughput, power_w=s.power_w,
-                                qos_cost=s.qos_cost, resource_cost=s.resource_cost,
-                                switching_cost=s.switching_cost,
-                                transition_cost=s.transition_cost)
-                           for s in decision.trajectory]
-            cost = {"total": decision.cost, "nodes_explored": decision.nodes_explored,
-                    "nodes_total": decision.nodes_total,
-                    "qos": sum(s.qos_cost for s in decision.trajectory),
-                    "resource": sum(s.resource_cost for s in decision.trajectory),
-                    "switching": sum(s.switching_cost for s in decision.trajectory),
-                    "transition": sum(s.transition_cost for s in decision.trajectory)}
-            reason = (f"{p.strategy} h={len(decision.trajectory)}: least cost "
-                      f"{decision.cost:.4g} over {decision.nodes_total} plans")
-            if self.power_of(chosen) > (p.power_budget_w or math.inf):
-                alerts.append(self._within_budget(chosen)[1] or "over the power budget")
-        else:
-            self._rates.append(rate)
-            if p.strategy in STATIC_STRATEGIES:
-                n = p.max_workers if p.strategy == "static-max" else p.min_workers
-                wanted = Config(n, p.f_max)
-                reason = f"static: always {n} workers at {p.f_max} GHz"
-            else:
-                # Measured busy time where the runner reports task times; the fitted
-                # model only for pipelines without keyed tasks.
-                util = obs.busy if obs.busy is not None else self.model.utilisation(
-                    rate, current.workers, current.freq_ghz, p.f_max)
-                rule_obs = rules.Observation(
-                    rate=rate, throughput=obs.throughput, utilisation=util,
-                    latency_s=obs.latency_s if obs.latency_s is not None else 0.0,
-                    workers=current.workers, freq_ghz=p.f_max,
-                    congestion=min(obs.backlog / max(rate * p.control_step_s, 1.0), 1.0))
-                ruled = self._rule.decide(rule_obs)
-                wanted, reason = ruled.chosen, f"{p.strategy}: {ruled.reason}"
-            chosen, clamp = self._within_budget(wanted)
-            if clamp:
-                alerts.append(clamp)
-            predictions = [self._predict(chosen, rate, 1.0)]
-        alerts += self._bound_alerts(chosen, rate, feedback)
-        solve_ms = (time.perf_counter() - started) * 1000.0
-        self.last_prediction = dict(predictions[0])
-        # QoS violations: the measured p95 over the bound (or throughput under the
-        # floor) for violation_steps steps in a row raises one alert per streak.
+        return obs, self._score(obs)
+
+    def _warming_up(self, records: list[dict[str, Any]], obs: StepObservation,
+                    current: Config, rate: float, started: float) -> LiveDecision:
+        prediction = self._predict(current, rate, 1.0)
+        self.last_prediction = None
+        here = {"workers": current.workers, "freq_ghz": current.freq_ghz}
+        return LiveDecision(
+            step=self.step_index, t=records[-1]["t"], strategy=self.policy.strategy,
+            inputs={**asdict(obs), "warming_up": True}, chosen=dict(here), current=here,
+            action="hold", predictions=[prediction], cost={},
+            solve_ms=(time.perf_counter() - started) * 1000.0,
+            reason=f"warming up: no decision on the first {WARMUP_BATCHES} batches",
+            alerts=[], model_error={"last": {}, "mape": self.mape()})
+
+    def _guard(self, obs: StepObservation, alerts: list[str]) -> tuple[list[str], bool]:
+        """QoS violations: the measured p95 over the bound (or throughput under the
+        floor) for violation_steps steps in a row raises one alert per streak; an alert
+        is raised when it appears, not again on every step while it holds."""
+        p = self.policy
         violated = ((obs.latency_s is not None and obs.latency_s > p.latency_bound_s)
                     or (p.throughput_floor > 0 and obs.throughput < p.throughput_floor))
         self.violations = self.violations + 1 if violated else 0
         k = int(p.params.get("violation_steps", p.violation_steps))
         if self.violations == k:
-            alerts.append(f"QoS violated for {k} consecutive steps: p95 "
-                          f"{(obs.latency_s or 0) * 1000:.0f} ms (bound "
-                          f"{p.latency_bound_s * 1000:.0f} ms), throughput "
-                          f"{obs.throughput:.0f}/s (floor {p.throughput_floor:g})")
-        # An alert is raised when it appears, not again on every step while it holds.
-        alerts, self.last_alerts = ([a for a in alerts if a not in self.last_alerts],
-                                    tuple(alerts))
-        action = "+".join(a for a, changed in (
-            ("scale", chosen.workers != current.workers),
-            ("frequency", not math.isclose(chosen.freq_ghz, current.freq_ghz, abs_tol=1e-6)))
-            if changed) or "hold"
-        # Scaling re-plans the placement itself (the runner's planned set_workers); when
-        # the configuration holds, an imbalanced placement is the remaining lever.
-        rebalance = None
-        if (action == "hold"
-                and self.step_index - self.last_rebalance_step >= REBALANCE_COOLDOWN_STEPS):
-            rebalance = plan_rebalance(records, float(p.params.get("rebalance_threshold",
-                                                                   REBALANCE_THRESHOLD)))
-            # The moves' own cost (measured reload time per byte): a rebalance that
-            # would itself break a bound the run meets now waits.
-            cost_s = transition.reload_s_per_byte * float((rebalance or {}).get(
-                "state_bytes") or 0)
-            if (rebalance is not None and obs.latency_s is not None
-                    and obs.latency_s <= p.latency_bound_s < obs.latency_s + cost_s):
-                reason += (f"; rebalance deferred: moving {rebalance['state_bytes'] / 1e6:.1f}"
-                           f" MB of state costs ~{cost_s:.1f} s of latency (measured), over "
-                           "the bound the run meets now")
-                rebalance = None
-            if rebalance is not None:
-                action, self.last_rebalance_step = "rebalance", self.step_index
-                reason += (f"; keyed load imbalance {rebalance['imbalance']:.0%} > "
-                           f"{float(p.params.get('rebalance_threshold', REBALANCE_THRESHOLD)):.0%}:"
-                           f" move {len(rebalance['moves'])} groups "
-                           f"(planned {rebalance['planned_imbalance']:.0%})")
-        if chosen.workers > current.workers:
-            self.transitions.scale_decided(records[-1]["t"], chosen.workers)
-        self.worker_history = (self.worker_history + [current.workers])[-HISTORY_STEPS:]
-        planner = None
-        if chosen.workers != current.workers and \
-                p.params.get("migration_planner") == "mtm-table":
-            mtm = estimate_mtm(self.worker_history + [chosen.workers], p.min_workers,
-                               p.max_workers)
-            planner = {"planner": "mtm-table", "mtm_gamma": float(p.params.get("mtm_gamma",
-                                                                               0.8)),
-                       "mtm": {str(n): {str(m): q for m, q in row.items()}
-                               for n, row in mtm.items()}}
+            alerts = alerts + [f"QoS violated for {k} consecutive steps: p95 "
+                               f"{(obs.latency_s or 0) * 1000:.0f} ms (bound "
+                               f"{p.latency_bound_s * 1000:.0f} ms), throughput "
+                               f"{obs.throughput:.0f}/s (floor {p.throughput_floor:g})"]
+        fresh = [a for a in alerts if a not in self.last_alerts]
+        self.last_alerts = tuple(alerts)
+        return fresh, violated
+
+    def _rebalance(self, ctx: StepContext, action: str, reason: str
+                   ) -> tuple[str, str, dict[str, Any] | None]:
+        """Scaling re-plans the placement itself (the runner's planned set_workers);
+        when the configuration holds, an imbalanced placement is the remaining lever,
+        unless moving the state would itself break a bound the run meets now."""
+        p, obs = self.policy, ctx.obs
+        if (action != "hold"
+                or self.step_index - self.last_rebalance_step < REBALANCE_COOLDOWN_STEPS):
+            return action, reason, None
+        threshold = float(p.params.get("rebalance_threshold", REBALANCE_THRESHOLD))
+        rebalance = plan_rebalance(ctx.records, threshold)
+        if rebalance is None:
+            return action, reason, None
+        # The moves' own cost (measured reload time per byte).
+        cost_s = ctx.transition.reload_s_per_byte * float(rebalance.get("state_bytes") or 0)
+        if obs.latency_s is not None and obs.latency_s <= p.latency_bound_s < \
+                obs.latency_s + cost_s:
+            return action, (reason + f"; rebalance deferred: moving "
+                            f"{rebalance['state_bytes'] / 1e6:.1f} MB of state costs "
+                            f"~{cost_s:.1f} s of latency (measured), over the bound the "
+                            "run meets now"), None
+        self.last_rebalance_step = self.step_index
+        return "rebalance", (reason + f"; keyed load imbalance {rebalance['imbalance']:.0%} > "
+                             f"{threshold:.0%}: move {len(rebalance['moves'])} groups "
+                             f"(planned {rebalance['planned_imbalance']:.0%})"), rebalance
+
+    def _migration_planner(self, current: Config, chosen: Config) -> dict[str, Any] | None:
+        """The MTM look-ahead's planner and transition matrix for a scaling decision, if
+        the policy asks for it."""
+        p = self.policy
+        if chosen.workers == current.workers or \
+                p.params.get("migration_planner") != "mtm-table":
+            return None
+        mtm = estimate_mtm(self.worker_history + [chosen.workers], p.min_workers,
+                           p.max_workers)
+        return {"planner": "mtm-table", "mtm_gamma": float(p.params.get("mtm_gamma", 0.8)),
+                "mtm": {str(n): {str(m): q for m, q in row.items()}
+                        for n, row in mtm.items()}}
+
+    def _record(self, ctx: StepContext, choice: Choice, action: str, reason: str,
+                alerts: list[str], solve_ms: float, scored: dict[str, Any], violated: bool,
+                rebalance: dict[str, Any] | None) -> LiveDecision:
+        p, obs, current, transition = self.policy, ctx.obs, ctx.current, ctx.transition
+        chosen = choice.chosen
         priced = {**asdict(transition),
                   "seconds_one_up": transition.seconds(current.workers, current.workers + 1),
                   "executor_starts_measured": len(self.transitions.executor_start_s),
                   "migrations_measured": len(self.transitions.reload_s_per_byte)}
         return LiveDecision(
-            step=self.step_index, t=records[-1]["t"], strategy=p.strategy,
+            step=self.step_index, t=ctx.records[-1]["t"], strategy=p.strategy,
             inputs={**asdict(obs), "overhead_s": self.model.overhead_s, "transition": priced,
-                    "cost_per_record_s": self.model.cost_s, "feedback": feedback,
-                    "utilisation": self.model.utilisation(rate, current.workers,
+                    "cost_per_record_s": self.model.cost_s, "feedback": choice.feedback,
+                    "utilisation": self.model.utilisation(ctx.rate, current.workers,
                                                           current.freq_ghz, p.f_max),
-                    "forecast": predictions[0]["rate"], "violating": violated,
-                    "rebalance": rebalance, "migration_planner": planner},
+                    "forecast": choice.predictions[0]["rate"], "violating": violated,
+                    "rebalance": rebalance,
+                    "migration_planner": self._migration_planner(current, chosen)},
             chosen={"workers": chosen.workers, "freq_ghz": chosen.freq_ghz},
             current={"workers": current.workers, "freq_ghz": current.freq_ghz},
-            action=action, predictions=predictions, cost=cost, solve_ms=solve_ms,
-            reason=reason, alerts=alerts, model_error={"last": scored, "mape": self.mape()})
+            action=action, predictions=choice.predictions, cost=choice.cost,
+            solve_ms=solve_ms, reason=reason, alerts=alerts,
+            model_error={"last": scored, "mape": self.mape()})
+
+
+# ------------------------------------------------------------------ the deciders
+@dataclass
+class StepContext:
+    """What one step decides on (``LiveController.step``)."""
+
+    records: list[dict[str, Any]]
+    obs: StepObservation
+    current: Config
+    rate: float
+    transition: TransitionModel
+
+
+@dataclass
+class Choice:
+    """A decider's answer: the configuration, its predictions and cost, why."""
+
+    chosen: Config
+    predictions: list[dict[str, Any]]
+    reason: str
+    cost: dict[str, Any] = field(default_factory=dict)
+    alerts: list[str] = field(default_factory=list)
+    feedback: float = 1.0  # the MPC's measured/predicted latency factor (Eq. 6.10)
+
+
+class Decider(Protocol):
+    def decide(self, ctl: LiveController, ctx: StepContext) -> Choice: ...
+
+
+@dataclass
+class MpcDecider:
+    """An MPC strategy of the thesis (Table 7.2) over the fitted batch model."""
+
+    mpc: MpcController
+
+    def decide(self, ctl: LiveController, ctx: StepContext) -> Choice:
+        p, obs, current = ctl.policy, ctx.obs, ctx.current
+        self.mpc.params["batch_overhead_s"] = ctl.model.overhead_s
+        self.mpc.params["transition"] = ctx.transition
+        cost_here = ctl.model.cost_s * p.f_max / current.freq_ghz
+        per_batch = obs.throughput * (obs.batch_s or 0.0)
+        steady = obs.backlog <= 2 * max(per_batch, 1.0)
+        decision = self.mpc.step(current, ctx.rate, cost_here, 1.0, 1.0,
+                                 obs.latency_s if steady else None)
+        trajectory = decision.trajectory
+        predictions = [dict(workers=s.workers, freq_ghz=s.freq_ghz, rate=s.rate,
+                            utilisation=s.utilisation, latency_s=s.latency_s,
+                            throughput=s.throughput, power_w=s.power_w,
+                            qos_cost=s.qos_cost, resource_cost=s.resource_cost,
+                            switching_cost=s.switching_cost,
+                            transition_cost=s.transition_cost) for s in trajectory]
+        cost = {"total": decision.cost, "nodes_explored": decision.nodes_explored,
+                "nodes_total": decision.nodes_total,
+                **{k: sum(getattr(s, f"{k}_cost") for s in trajectory)
+                   for k in ("qos", "resource", "switching", "transition")}}
+        alerts = []
+        if ctl.power_of(decision.chosen) > (p.power_budget_w or math.inf):
+            alerts.append(ctl._within_budget(decision.chosen)[1] or "over the power budget")
+        return Choice(decision.chosen, predictions,
+                      f"{p.strategy} h={len(trajectory)}: least cost {decision.cost:.4g} "
+                      f"over {decision.nodes_total} plans", cost, alerts, self.mpc.feedback)
+
+
+@dataclass
+class RuleDecider:
+    """A reactive rule (``control.strategies.rules``) on the measured busy time (the
+    fitted model only for pipelines without keyed tasks), clamped to the budget."""
+
+    rule: Any
+
+    def decide(self, ctl: LiveController, ctx: StepContext) -> Choice:
+        p, obs, current, rate = ctl.policy, ctx.obs, ctx.current, ctx.rate
+        ctl._rates.append(rate)
+        util = obs.busy if obs.busy is not None else ctl.model.utilisation(
+            rate, current.workers, current.freq_ghz, p.f_max)
+        ruled = self.rule.decide(rules.Observation(
+            rate=rate, throughput=obs.throughput, utilisation=util,
+            latency_s=obs.latency_s if obs.latency_s is not None else 0.0,
+            workers=current.workers, freq_ghz=p.f_max,
+            congestion=min(obs.backlog / max(rate * p.control_step_s, 1.0), 1.0)))
+        return _clamped(ctl, ctx, ruled.chosen, f"{p.strategy}: {ruled.reason}")
+
+
+class StaticDecider:
+    """A static baseline: always the minimum or the maximum workers at f_max."""
+
+    def decide(self, ctl: LiveController, ctx: StepContext) -> Choice:
+        p = ctl.policy
+        ctl._rates.append(ctx.rate)
+        n = p.max_workers if p.strategy == "static-max" else p.min_workers
+        return _clamped(ctl, ctx, Config(n, p.f_max),
+                        f"static: always {n} workers at {p.f_max} GHz")
+
+
+def _clamped(ctl: LiveController, ctx: StepContext, wanted: Config, reason: str) -> Choice:
+    chosen, clamp = ctl._within_budget(wanted)
+    return Choice(chosen, [ctl._predict(chosen, ctx.rate, 1.0)], reason,
+                  alerts=[clamp] if clamp else [])
+
+
+def _build_mpc(p: LoopPolicy) -> Decider:
+    params = p.params
+    switching = params.get("switching", True)
+    forecaster = {"holt": fc.Holt, "ma3": fc.MovingAverage3,
+                  "last": fc.LastValue}[params.get("forecaster", "holt")]()
+    mpc_params: dict[str, Any] = {
+        "latency_bound_s": p.latency_bound_s, "power": p.power,
+        "latency_model": "microbatch", "latency_quantile": LATENCY_QUANTILE,
+        "power_budget_w": p.power_budget_w,
+        "gamma": float(params.get("gamma", 0.4)) if switching else 0.0}
+    if p.strategy == "lat-power":
+        mpc_params["beta"] = LAT_POWER_BETA
+    for key in ("alpha", "beta", "transition_weight"):
+        if key in params:
+            mpc_params[key] = float(params[key])
+    # Eq. 6.17 counts a frequency change in P-state steps: the run's own spacing (the
+    # thesis' machines were 0.1 GHz apart; emulated P-states here are 10 % of f_max
+    # apart, and counted at 0.1 GHz one P-state down would cost 2.45^2 = 6 times one
+    # worker more).
+    mpc_params["f_step"] = pstate_step(p.freqs_ghz)
+    return MpcDecider(MpcController(
+        strategy=p.strategy, horizon=int(params.get("horizon", 1)) if switching else 1,
+        solver="dp", params=mpc_params,
+        worker_options=tuple(range(p.min_workers, p.max_workers + 1)),
+        freq_options=tuple(sorted(p.freqs_ghz)), forecaster=forecaster,
+        feedback_limits=FEEDBACK_LIMITS))
+
+
+def _rule_builder(make: Callable[[LoopPolicy, dict[str, Any], dict[str, int]], Any]
+                  ) -> Callable[[LoopPolicy], Decider]:
+    def build(p: LoopPolicy) -> Decider:
+        return RuleDecider(make(p, p.params, {"n_min": p.min_workers,
+                                              "n_max": p.max_workers}))
+    return build
+
+
+_RULE_MAKERS: dict[str, Callable[[LoopPolicy, dict[str, Any], dict[str, int]], Any]] = {
+    "th-rule": lambda p, q, b: rules.ThRule(theta_max=q.get("theta_max", 0.9),
+                                            theta_min=q.get("theta_min", 0.8), **b),
+    "lat-rule": lambda p, q, b: rules.LatRule(bound_s=p.latency_bound_s,
+                                              xi_max=q.get("xi_max", 1.2),
+                                              xi_min=q.get("xi_min", 0.8), **b),
+    "spl": lambda p, q, b: rules.SPL(congestion_threshold=q.get("congestion_threshold", 0.1),
+                                     sensitivity=q.get("sensitivity", 0.9), **b),
+    "peak-load": lambda p, q, b: rules.PeakLoad(f_max=p.f_max, **b),
+    "ds2": lambda p, q, b: rules.DS2(control_step_s=p.control_step_s,
+                                     target_utilisation=q.get("target_utilisation", 0.7),
+                                     **b),
+}
+
+
+@dataclass(frozen=True)
+class LiveStrategy:
+    """A strategy a live run can be steered by: what it does, and its decider."""
+
+    name: str
+    description: str
+    build: Callable[[LoopPolicy], Decider]
+
+
+def _registry() -> dict[str, LiveStrategy]:
+    builders: dict[str, Callable[[LoopPolicy], Decider]] = {
+        **{name: _build_mpc for name in MPC_STRATEGIES},
+        **{name: _rule_builder(make) for name, make in _RULE_MAKERS.items()},
+        **{name: (lambda p: StaticDecider()) for name in STATIC_STRATEGIES}}
+    return {name: LiveStrategy(name, STRATEGIES[name], build)
+            for name, build in builders.items()}
+
+
+# Every strategy the closed loop runs (all of control.strategies.STRATEGIES but
+# "manual"), listed and built from here.
+STRATEGY_REGISTRY = _registry()

@@ -72,7 +72,7 @@ def build_session(master_url: str, app_name: str, max_workers: int,
         .config("spark.pyspark.python", sys.executable)
         .config("spark.executorEnv.PYTHONPATH", str(PROJECT_ROOT))
         .config("spark.sql.adaptive.enabled", "false")
-        # A live re-plan runs a second query beside the first (runner.Runner._hand_over):
+        # A live re-plan runs a second query beside the first (runner.handover.ReplanHandover):
         # FAIR shares the executors between the pools task by task, and the pool of the
         # generation whose output is forwarded comes first (FAIR_POOLS), so its batches
         # are neither queued behind the new one's catch-up nor stretched by it. One
