@@ -42,7 +42,7 @@ CATALOGUE: tuple[Benchmark, ...] = (
     Benchmark("start", "Start POST -> first point on the run page vs a bare PySpark "
               "application", ("manage.py", "bench_start"), ("--runs", "3")),
     Benchmark("sink", "the latency sink's rows, throughput and p95 vs Spark's own progress",
-              ("-m", "pipelines.bench")),
+              ("-m", "pipelines.runtime.bench.sink")),
     Benchmark("mpc", "MPC solve times: DP vs Branch & Bound vs the thesis' Table 7.1",
               ("-m", "control", "bench-mpc", "--instances", "10")),
     Benchmark("planning", "Ding's DP, every migration planner, COLA vs baselines and brute "
@@ -59,6 +59,12 @@ CATALOGUE: tuple[Benchmark, ...] = (
               ("--queries", "Q1,Q5", "--workers", "1")),
     Benchmark("closed-loop", "MPC and rule controllers on real Spark vs static 1 and max "
               "workers", ("-m", "pipelines.runtime.bench", "closed-loop")),
+    Benchmark("replan", "live re-plan: Gloss' seamless hand-over vs stop and restart "
+              "(downtime, disrupted time)", ("-m", "pipelines.runtime.bench", "replan"),
+              ("--reconfigs", "2")),
+    Benchmark("plan", "COLA's plan of the Python operators vs fuse-all, one PE per operator "
+              "and greedy merging (sustained rate, verified)",
+              ("-m", "pipelines.runtime.bench", "plan"), ("--reps", "1")),
 )
 BY_NAME = {b.name: b for b in CATALOGUE}
 

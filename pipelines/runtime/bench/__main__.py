@@ -1,6 +1,6 @@
-"""``python -m pipelines.runtime.bench``: :func:`engine.main`."""
+"""``python -m pipelines.runtime.bench``: :func:`cli.main`."""
 import sys
 
-from pipelines.runtime.bench.engine import main
+from pipelines.runtime.bench.cli import main
 
 sys.exit(main())

@@ -278,3 +278,20 @@ def check_args(pipelines: list[str]) -> tuple[str, ...]:
         raise ValueError(f"--pipelines: among {', '.join(PIPELINES)}")
     return tuple(pipelines)
 
+
+
+# ------------------------------------------------------------- the CLI's entry
+def arguments(ap: Any) -> None:
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per plan")
+    ap.add_argument("--pipelines", default="hft6,nexmark5",
+                    help=f"comma-separated pipelines ({', '.join(PIPELINES)})")
+
+
+def check(args: Any) -> None:
+    args.pipelines = check_args([p.strip() for p in args.pipelines.split(",") if p.strip()])
+    if args.reps < 1:
+        raise ValueError("--reps must be >= 1")
+
+
+def run(master: str, work: Path, args: Any) -> dict[str, Any]:
+    return bench_plan(master, work, args.redis_url, args.reps, args.pipelines)

@@ -222,3 +222,50 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = [" | ".join(FIELDS), " | ".join("---" for _ in FIELDS)]
     lines += [" | ".join(str(r.get(k)) for k in FIELDS) for r in rows]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------- the CLI's entry
+def arguments(ap: Any) -> None:
+    ap.add_argument("--reconfigs", type=int, default=10,
+                    help="reconfigurations per scheme (the same targets for both)")
+    ap.add_argument("--nexmark", default=None,
+                    help="a NEXMark query (e.g. Q5) instead of the keyed count")
+    ap.add_argument("--schemes", default="seamless,stop-restart",
+                    help="comma-separated schemes (seamless, stop-restart)")
+    ap.add_argument("--trigger-ms", default="auto",
+                    help="the pipeline's processing-time trigger in ms (0: each batch as "
+                         f"soon as the last ends; default auto: from {REPLAN_TRIGGER_MS} "
+                         "ms, lengthened until the heaviest configuration is busy at most "
+                         "70 %% of it, measured)")
+    ap.add_argument("--replay-in", default="auto", choices=replan.REPLAY_IN,
+                    help="--nexmark: where a seamless re-plan replays the query's state "
+                         "horizon (auto: in the application when short)")
+
+
+def check(args: Any) -> None:
+    if args.reconfigs < 1:
+        raise ValueError("--reconfigs must be >= 1")
+    if args.trigger_ms == "auto":
+        args.trigger_ms = None
+    elif not str(args.trigger_ms).isdigit():
+        raise ValueError("--trigger-ms: auto or a whole number of milliseconds >= 0")
+    else:
+        args.trigger_ms = int(args.trigger_ms)
+    args.schemes = [x.strip() for x in args.schemes.split(",") if x.strip()]
+    if not args.schemes or set(args.schemes) - set(replan.SCHEMES):
+        raise ValueError("--schemes: seamless and/or stop-restart")
+    if args.nexmark:
+        from pipelines.nexmark import queries
+
+        if args.nexmark.upper() not in queries.QUERIES:
+            raise ValueError(f"--nexmark: one of {', '.join(queries.QUERIES)}")
+        refusal = replan.replan_refusal(definition.validate(
+            queries.definition(args.nexmark, args.rate)))
+        if refusal:
+            raise ValueError(f"--nexmark {args.nexmark}: {refusal}")
+
+
+def run(master: str, work: Path, args: Any) -> dict[str, Any]:
+    return bench_replan(master, work, args.redis_url, args.keys[0], args.rate,
+                        args.reconfigs, args.steady, args.executor_memory, args.schemes,
+                        args.nexmark, args.trigger_ms, args.replay_in)

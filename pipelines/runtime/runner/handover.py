@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pipelines.runtime.elastic import migration as elastic
 from pipelines.runtime.elastic import placement
@@ -22,10 +22,6 @@ from pipelines.runtime.bus import RunnerEvent
 from pipelines.runtime.query.session import PROJECT_ROOT
 from pipelines.runtime.replan import gloss as replan
 from pipelines.runtime.spec import definition
-
-if TYPE_CHECKING:
-    from pipelines.runtime.runner.runner import Runner
-
 
 class _TransferFailed(replan.ReplanError):
     """A seamless re-plan's state-transfer process ended with an error."""
@@ -41,8 +37,8 @@ REPORT_WAIT_S = 5.0
 class ReplanHandover:
     """The re-plan of ``runner``'s query: one at a time, from its command thread."""
 
-    def __init__(self, runner: Runner) -> None:
-        self.runner = runner
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner  # runner.Runner, which holds this (no import: no cycle)
 
     def replan(self, args: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
         """A live re-plan to ``args['key_groups']`` (``replan.py``): ``seamless``

@@ -151,7 +151,7 @@ class BatchMetrics:
             "latency_p99_ms": lat["p99"], "latency_max_ms": lat["max"],
             "workers": self.clock.workers,
             "state_rows": sum(int(op.numRowsTotal) for op in progress.stateOperators),
-            # Spark's own account of the batch, for cross-checks (pipelines.bench):
+            # Spark's own account of the batch, for cross-checks (pipelines.runtime.bench.sink):
             "trigger_started_at": iso_to_epoch(progress.timestamp),
             "durations_ms": {k: int(v) for k, v in progress.durationMs.items()},
             "source_start": source_offset(source.startOffset) if source else None,

@@ -288,77 +288,102 @@ def _literal_kind(value: object) -> str:
 def _check(node: ast.expr, columns: Columns, path: str) -> str:
     """Check ``node`` over ``columns``; its kind: number, string, boolean, or null (a
     branch's ``None``)."""
-    if isinstance(node, ast.Name):
-        if node.id not in columns:
-            raise GraphError(path, f"unknown column {node.id!r} (columns: "
-                                   f"{', '.join(sorted(columns))})")
-        if columns[node.id] not in _KIND_OF_TYPE:
-            hint = " (emit_ts holds the same instant in epoch seconds)" \
-                if node.id == "event_time" and "emit_ts" in columns else ""
-            raise GraphError(path, f"{node.id} is a {columns[node.id]}: an expression may "
-                                   f"only test it with 'is None' / 'is not None'{hint}")
-        return _KIND_OF_TYPE[columns[node.id]]
+    for kind, check in _CHECKS:
+        if isinstance(node, kind):
+            return check(node, columns, path)
     if _literal(node):
         assert isinstance(node, ast.Constant)
         return _literal_kind(node.value)
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        for side in (node.left, node.right):
-            if _check(side, columns, path) != "number":
-                raise GraphError(path, f"{_BINARY[type(node.op)]} takes numbers: "
-                                       f"{ast.unparse(side)[:60]} is not one")
-        return "number"
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
-        want = "boolean" if isinstance(node.op, ast.Not) else "number"
-        if _check(node.operand, columns, path) != want:
-            raise GraphError(path, f"{'not' if want == 'boolean' else '-'} takes a "
-                                   f"{want}: {ast.unparse(node.operand)[:60]} is not one")
-        return want
-    if isinstance(node, ast.BoolOp):
-        for value in node.values:
-            if _check(value, columns, path) != "boolean":
-                raise GraphError(path, f"and/or take conditions: {ast.unparse(value)[:60]} "
-                                       "is not true or false")
-        return "boolean"
-    if isinstance(node, ast.IfExp):  # a if cond else b (b may be None: null)
-        if _check(node.test, columns, path) != "boolean":
-            raise GraphError(path, f"the condition of 'if' must be true or false: "
-                                   f"{ast.unparse(node.test)[:60]} is not")
-        kinds = {_check(b, columns, path) for b in (node.body, node.orelse) if not _none(b)}
-        if len(kinds) > 1:
-            raise GraphError(path, "both branches of 'a if c else b' must be of one kind "
-                                   f"(got {' and '.join(sorted(kinds))})")
-        return kinds.pop() if kinds else "null"
-    if isinstance(node, ast.Compare) and len(node.ops) == 1 \
-            and isinstance(node.ops[0], (ast.Is, ast.IsNot)):
-        if not _none(node.comparators[0]):
-            raise GraphError(path, "'is' compares with None only (x is None, x is not None)")
-        if not (isinstance(node.left, ast.Name) and node.left.id in columns):
-            _check(node.left, columns, path)  # a column of any type may be tested for null
-        return "boolean"
-    if isinstance(node, ast.Compare) and len(node.ops) == 1 \
-            and type(node.ops[0]) in _COMPARE:
-        left = _check(node.left, columns, path)
-        right = node.comparators[0]
-        if isinstance(node.ops[0], (ast.In, ast.NotIn)):
-            if not isinstance(right, (ast.Tuple, ast.List)) or not right.elts \
-                    or not all(_literal(e) for e in right.elts):
-                raise GraphError(path, "'in' takes a list of literals, e.g. "
-                                       "state in ('OR', 'ID')")
-            kinds = {_literal_kind(e.value) for e in right.elts  # type: ignore[attr-defined]
-                     }
-            if kinds != {left}:
-                raise GraphError(path, f"'in' compares a {left} with literals of its kind "
-                                       f"(got {', '.join(sorted(kinds))})")
-        elif left != _check(right, columns, path) or left == "null":
-            raise GraphError(path, f"{_COMPARE[type(node.ops[0])]} compares values of one "
-                                   f"kind: {ast.unparse(node)[:80]} mixes them")
-        return "boolean"
     what = type(node).__name__
     if isinstance(node, ast.Compare):
         what = "a chained comparison (write a < b and b < c)"
     elif isinstance(node, (ast.Call, ast.Attribute)):
         what = "a function call or attribute (not allowed)"
     raise GraphError(path, f"{what} is not supported here")
+
+
+def _check_name(node: ast.Name, columns: Columns, path: str) -> str:
+    if node.id not in columns:
+        raise GraphError(path, f"unknown column {node.id!r} (columns: "
+                               f"{', '.join(sorted(columns))})")
+    if columns[node.id] not in _KIND_OF_TYPE:
+        hint = " (emit_ts holds the same instant in epoch seconds)" \
+            if node.id == "event_time" and "emit_ts" in columns else ""
+        raise GraphError(path, f"{node.id} is a {columns[node.id]}: an expression may "
+                               f"only test it with 'is None' / 'is not None'{hint}")
+    return _KIND_OF_TYPE[columns[node.id]]
+
+
+def _check_arithmetic(node: ast.BinOp, columns: Columns, path: str) -> str:
+    if type(node.op) not in _BINARY:
+        raise GraphError(path, f"{type(node.op).__name__} is not supported here")
+    for side in (node.left, node.right):
+        if _check(side, columns, path) != "number":
+            raise GraphError(path, f"{_BINARY[type(node.op)]} takes numbers: "
+                                   f"{ast.unparse(side)[:60]} is not one")
+    return "number"
+
+
+def _check_unary(node: ast.UnaryOp, columns: Columns, path: str) -> str:
+    if not isinstance(node.op, (ast.Not, ast.USub)):
+        raise GraphError(path, f"{type(node.op).__name__} is not supported here")
+    want = "boolean" if isinstance(node.op, ast.Not) else "number"
+    if _check(node.operand, columns, path) != want:
+        raise GraphError(path, f"{'not' if want == 'boolean' else '-'} takes a "
+                               f"{want}: {ast.unparse(node.operand)[:60]} is not one")
+    return want
+
+
+def _check_logic(node: ast.BoolOp, columns: Columns, path: str) -> str:
+    for value in node.values:
+        if _check(value, columns, path) != "boolean":
+            raise GraphError(path, f"and/or take conditions: {ast.unparse(value)[:60]} "
+                                   "is not true or false")
+    return "boolean"
+
+
+def _check_if(node: ast.IfExp, columns: Columns, path: str) -> str:
+    """``a if cond else b`` (a branch may be None: null)."""
+    if _check(node.test, columns, path) != "boolean":
+        raise GraphError(path, f"the condition of 'if' must be true or false: "
+                               f"{ast.unparse(node.test)[:60]} is not")
+    kinds = {_check(b, columns, path) for b in (node.body, node.orelse) if not _none(b)}
+    if len(kinds) > 1:
+        raise GraphError(path, "both branches of 'a if c else b' must be of one kind "
+                               f"(got {' and '.join(sorted(kinds))})")
+    return kinds.pop() if kinds else "null"
+
+
+def _check_compare(node: ast.Compare, columns: Columns, path: str) -> str:
+    if len(node.ops) != 1 or not isinstance(node.ops[0], (ast.Is, ast.IsNot, *_COMPARE)):
+        what = ("a chained comparison (write a < b and b < c)" if len(node.ops) > 1
+                else f"{type(node.ops[0]).__name__}")
+        raise GraphError(path, f"{what} is not supported here")
+    op, right = node.ops[0], node.comparators[0]
+    if isinstance(op, (ast.Is, ast.IsNot)):
+        if not _none(right):
+            raise GraphError(path, "'is' compares with None only (x is None, x is not None)")
+        if not (isinstance(node.left, ast.Name) and node.left.id in columns):
+            _check(node.left, columns, path)  # a column of any type may be tested for null
+        return "boolean"
+    left = _check(node.left, columns, path)
+    if isinstance(op, (ast.In, ast.NotIn)):
+        if not isinstance(right, (ast.Tuple, ast.List)) or not right.elts \
+                or not all(_literal(e) for e in right.elts):
+            raise GraphError(path, "'in' takes a list of literals, e.g. state in ('OR', 'ID')")
+        kinds = {_literal_kind(e.value) for e in right.elts}  # type: ignore[attr-defined]
+        if kinds != {left}:
+            raise GraphError(path, f"'in' compares a {left} with literals of its kind "
+                                   f"(got {', '.join(sorted(kinds))})")
+    elif left != _check(right, columns, path) or left == "null":
+        raise GraphError(path, f"{_COMPARE[type(op)]} compares values of one kind: "
+                               f"{ast.unparse(node)[:80]} mixes them")
+    return "boolean"
+
+
+_CHECKS: tuple[tuple[type, Callable[[Any, Columns, str], str]], ...] = (
+    (ast.Name, _check_name), (ast.BinOp, _check_arithmetic), (ast.UnaryOp, _check_unary),
+    (ast.BoolOp, _check_logic), (ast.IfExp, _check_if), (ast.Compare, _check_compare))
 
 
 def condition_kind(tree: ast.expr, columns: Columns) -> str:

@@ -13,7 +13,7 @@ through the real runner for a while, then compares, over the batches after warm-
   times, and Spark's trigger timestamp plus its phase durations (up to the end of
   ``addBatch``) give when the output was written.
 
-    python -m pipelines.bench [--seconds 90] [--definition FILE]
+    python -m pipelines.runtime.bench.sink [--seconds 90] [--definition FILE]
 
 Prints medians and ratios; exits 2 on bad input, 1 if the run fails.
 """
@@ -80,7 +80,7 @@ def summarize(records: list[dict], spec: definition.PipelineSpec, t0: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipelines.bench")
+    ap = argparse.ArgumentParser(prog="python -m pipelines.runtime.bench.sink")
     ap.add_argument("--seconds", type=float, default=90.0,
                     help="how long to measure after the query starts")
     ap.add_argument("--definition", type=Path, help="pipeline definition JSON (default: demo)")
