@@ -493,7 +493,7 @@ def test_state_is_named_per_stateful_operator_from_the_checkpoint(tmp_path) -> N
 
 
 def test_closed_loop_traces_differ_by_seed_with_the_same_shape() -> None:
-    from pipelines.runtime.bench import engine as bench
+    from pipelines.runtime.bench import closedloop as bench
 
     one = bench.loop_trace(1000.0, 1.05, 40, 90, 60, 120, seed=1)
     again = bench.loop_trace(1000.0, 1.05, 40, 90, 60, 120, seed=1)
@@ -513,7 +513,7 @@ def test_closed_loop_traces_differ_by_seed_with_the_same_shape() -> None:
 
 
 def test_closed_loop_results_file_reuses_only_runs_of_the_same_setting(tmp_path) -> None:
-    from pipelines.runtime.bench import engine as bench
+    from pipelines.runtime.bench import closedloop as bench
 
     path = tmp_path / "runs.jsonl"
     same = {"capacity_rps": 1000.0, "bound_ms": 9000.0, "loop_seconds": "40,75,60,60",

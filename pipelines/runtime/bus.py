@@ -80,8 +80,8 @@ class RunnerEvent(enum.StrEnum):
 
 
 class RunnerCommand(enum.StrEnum):
-    """Every command a runner takes from its commands stream (``reconfigure.Reconfigurer.cmd_<name>``);
-    each gets exactly one :class:`Ack`."""
+    """Every command a runner takes from its commands stream (the reconfigurations:
+    ``elastic.reconfigure.Reconfigurer.commands``); each gets exactly one :class:`Ack`."""
 
     STOP = "stop"  # {reason}: at once, after the current micro-batch
     SET_WORKERS = "set_workers"  # {workers, schedule?, planner?}: planned migration

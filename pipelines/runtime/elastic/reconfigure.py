@@ -15,11 +15,20 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pipelines.runtime.elastic import migration as elastic
 from pipelines.runtime.host import frequency
-from pipelines.runtime.bus import Command, RunBus, RunnerEvent, expired
+from pipelines.runtime.bus import (
+    RECONFIGURATIONS,
+    Command,
+    RunBus,
+    RunnerCommand,
+    RunnerEvent,
+    expired,
+)
 from pipelines.runtime.spec.definition import PipelineSpec
 from pipelines.runtime.query.session import EXECUTOR_WAIT_S
 
@@ -70,6 +79,18 @@ class RunnerHandle(Protocol):
     def replan(self, args: dict[str, Any]) -> Outcome: ...
 
 
+@dataclass
+class _Scaling:
+    """How a scaling places the groups: the target placement, the planner's facts, the
+    executors to release, the migration run (if any) or why it stopped."""
+
+    target: list[Any]
+    info: dict[str, Any]
+    released: list[str]
+    migration: elastic.Migration | None = None
+    refusal: Outcome | None = None
+
+
 class Reconfigurer:
     def __init__(self, cfg: ElasticDefaults, spec: PipelineSpec, bus: RunBus,
                  routing: elastic.RoutingTable, metrics: PlacementMetrics,
@@ -88,6 +109,14 @@ class Reconfigurer:
         self.freq_source = freq_source  # how the frequency is read when none is set
         self.f_max_ghz = f_max_ghz
         self.actuator: Any = None  # frequency.choose_actuator, once the session runs
+        # Every reconfiguration the runner takes (bus.RECONFIGURATIONS), by name.
+        self.commands: dict[str, Callable[[dict[str, Any]], Outcome]] = {
+            RunnerCommand.SET_WORKERS: self.cmd_set_workers,
+            RunnerCommand.MOVE_GROUPS: self.cmd_move_groups,
+            RunnerCommand.REBALANCE: self.cmd_rebalance,
+            RunnerCommand.SET_FREQUENCY: self.cmd_set_frequency,
+            RunnerCommand.REPLAN: self.cmd_replan}
+        assert set(self.commands) == set(RECONFIGURATIONS), "a command without a handler"
 
     # ------------------------------------------------------- between micro-batches
     def between_batches(self, batch_id: int) -> None:
@@ -172,7 +201,7 @@ class Reconfigurer:
                 continue
             self.busy = name  # in the heartbeat: batches may pause while state moves
             try:
-                ok, message, payload = getattr(self, f"cmd_{name}")(args)
+                ok, message, payload = self.commands[name](args)
             except elastic.ElasticError as exc:
                 ok, message, payload = False, str(exc), {}
             except Exception as exc:
@@ -253,6 +282,8 @@ class Reconfigurer:
 
     # ------------------------------------------------------------------ commands
     def cmd_set_workers(self, args: dict[str, Any]) -> Outcome:
+        """Scale to ``args['workers']``: planned (state moved off an executor before it
+        is released, onto a new one after it registers) or, as the baseline, ``kill``."""
         n = args.get("workers")
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.cfg.max_workers:
             return False, (f"workers must be a whole number in 1..{self.cfg.max_workers} (the "
@@ -266,63 +297,89 @@ class Reconfigurer:
         schedule, gap, planner, tau = self._options(args)
         options = self._planner_options(args, planner)
         started = time.time()
-        executors = self.runner.executors
         before = self.runner.executors_now()
         if mode == "kill":
             return self._set_workers_spark_default(n, before, started)
-        migration = None
-        if not self.keyed_state:  # more or fewer executors; Spark spreads the tasks
-            target, info, released = self.routing.snapshot(), {}, []
-            if n > len(before):
-                executors.request_total(n)
-            elif n < len(before):
-                released = list(reversed(before))[:len(before) - n]
-                self.decommission_due = released
+        if not self.keyed_state:
+            plan = self._scale_stateless(n, before)
         elif n > len(before):
-            executors.request_total(n)
-            deadline = time.monotonic() + EXECUTOR_WAIT_S
-            while len(ids := self.runner.executors_now()) < n and time.monotonic() < deadline:
-                time.sleep(0.25)
-            if len(ids) < n:
-                return False, (f"asked for {n} workers, {len(ids)} registered after "
-                               f"{EXECUTOR_WAIT_S:.0f}s"), {"workers": len(ids)}
-            self.runner.workers = len(ids)
-            new = [e for e in ids if e not in before]
-            target, info = elastic.plan_target(self.routing.snapshot(), self.metrics.loads(),
-                                               self.metrics.group_bytes, n, new, planner, tau,
-                                               options)
-            migration = self._migrate(target, f"scale up to {n} workers", schedule, gap)
-            released: list[str] = []
+            plan = self._scale_up(n, before, schedule, gap, planner, tau, options)
         elif n < len(before):
-            target, info = elastic.plan_target(self.routing.snapshot(), self.metrics.loads(),
-                                               self.metrics.group_bytes, n, [], planner, tau,
-                                               options)
-            migration = self._migrate(target, f"scale down to {n} workers", schedule, gap)
-            if not migration.done.is_set() or migration.failed:
-                return False, (f"scale down to {n} stopped: migration {migration.id} "
-                               f"{migration.failed or 'did not finish'}"), \
-                    {"migration": migration.summary()}
-            keep = set(target)
-            released = [e for e in before if e not in keep][:len(before) - n]
-            assert not set(released) & keep, "never decommission an executor holding state"
-            self.decommission_due = released
+            plan = self._scale_down(n, before, schedule, gap, planner, tau, options)
         else:
-            target, info, released = self.routing.snapshot(), {}, []
-        ids = executors.wait_for(n, EXECUTOR_WAIT_S, exact=True)
+            plan = _Scaling(self.routing.snapshot(), {}, [])
+        if plan.refusal is not None:
+            return plan.refusal
+        return self._scaled(n, before, plan, schedule, started)
+
+    def _scale_stateless(self, n: int, before: list[str]) -> _Scaling:
+        """More or fewer executors; Spark spreads the tasks (no group to place)."""
+        released: list[str] = []
+        if n > len(before):
+            self.runner.executors.request_total(n)
+        elif n < len(before):
+            released = list(reversed(before))[:len(before) - n]
+            self.decommission_due = released
+        return _Scaling(self.routing.snapshot(), {}, released)
+
+    def _scale_up(self, n: int, before: list[str], schedule: str, gap: int, planner: str,
+                  tau: float, options: dict[str, Any]) -> _Scaling:
+        """Ask for the executors, wait for them to register, then move their groups."""
+        self.runner.executors.request_total(n)
+        deadline = time.monotonic() + EXECUTOR_WAIT_S
+        while len(ids := self.runner.executors_now()) < n and time.monotonic() < deadline:
+            time.sleep(0.25)
+        if len(ids) < n:
+            return _Scaling([], {}, [], refusal=(
+                False, f"asked for {n} workers, {len(ids)} registered after "
+                f"{EXECUTOR_WAIT_S:.0f}s", {"workers": len(ids)}))
         self.runner.workers = len(ids)
+        new = [e for e in ids if e not in before]
+        target, info = elastic.plan_target(self.routing.snapshot(), self.metrics.loads(),
+                                           self.metrics.group_bytes, n, new, planner, tau,
+                                           options)
+        migration = self._migrate(target, f"scale up to {n} workers", schedule, gap)
+        return _Scaling(target, info, [], migration)
+
+    def _scale_down(self, n: int, before: list[str], schedule: str, gap: int, planner: str,
+                    tau: float, options: dict[str, Any]) -> _Scaling:
+        """Move the state off the executors to release, then release them (never one
+        that still holds a group)."""
+        target, info = elastic.plan_target(self.routing.snapshot(), self.metrics.loads(),
+                                           self.metrics.group_bytes, n, [], planner, tau,
+                                           options)
+        migration = self._migrate(target, f"scale down to {n} workers", schedule, gap)
+        if not migration.done.is_set() or migration.failed:
+            return _Scaling(target, info, [], migration, refusal=(
+                False, f"scale down to {n} stopped: migration {migration.id} "
+                f"{migration.failed or 'did not finish'}", {"migration": migration.summary()}))
+        keep = set(target)
+        released = [e for e in before if e not in keep][:len(before) - n]
+        assert not set(released) & keep, "never decommission an executor holding state"
+        self.decommission_due = released
+        return _Scaling(target, info, released, migration)
+
+    def _scaled(self, n: int, before: list[str], plan: _Scaling, schedule: str,
+                started: float) -> Outcome:
+        """Wait for exactly ``n`` executors and acknowledge the scaling."""
+        ids = self.runner.executors.wait_for(n, EXECUTOR_WAIT_S, exact=True)
+        self.runner.workers = len(ids)
+        migration = plan.migration
         ok = len(ids) == n and (migration is None or not migration.failed)
         summary = migration.summary() if migration else None
-        message = (f"{len(before)} -> {len(ids)} workers"
-                   + (f"; {summary['groups_moved']} groups moved in {summary['steps']} "
-                      f"{schedule} steps, verified={summary['verified']}" if summary else "")
-                   if ok else f"asked for {n} workers, {len(ids)} registered after "
-                   f"{EXECUTOR_WAIT_S:.0f}s" + (f"; {migration.failed}" if migration
-                                                  and migration.failed else ""))
-        payload = {"workers": len(ids), "executors": ids, "released": released,
-                   "took_s": round(time.time() - started, 2), "plan": info,
+        if ok:
+            message = f"{len(before)} -> {len(ids)} workers" + (
+                f"; {summary['groups_moved']} groups moved in {summary['steps']} "
+                f"{schedule} steps, verified={summary['verified']}" if summary else "")
+        else:
+            message = (f"asked for {n} workers, {len(ids)} registered after "
+                       f"{EXECUTOR_WAIT_S:.0f}s"
+                       + (f"; {migration.failed}" if migration and migration.failed else ""))
+        payload = {"workers": len(ids), "executors": ids, "released": plan.released,
+                   "took_s": round(time.time() - started, 2), "plan": plan.info,
                    "migration": summary, "mode": "planned"}
         self.bus.publish_event(RunnerEvent.WORKERS_CHANGED, workers=len(ids), requested=n,
-                               executors=ids, released=released, mode="planned")
+                               executors=ids, released=plan.released, mode="planned")
         return ok, message, payload
 
     def _set_workers_spark_default(self, n: int, before: list[str], started: float) -> Outcome:
