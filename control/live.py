@@ -15,11 +15,11 @@ p95 latency is (1 + 0.95)·o/(1-rho)·e, with e the feedback factor of Eq. 6.10 
 over predicted latency, last three steps). Power is the runner's modelled Eq. 6.11, so a
 prediction and the chart speak of the same watts.
 
-Inputs (issue 20): rule strategies and DS2 read the workers' measured busy time (task
+Inputs: rule strategies and DS2 read the workers' measured busy time (task
 times per key group, ``measured_busy``) and the source's backlog; the fitted model only
 where a prediction is needed (the MPC's horizon, pipelines without keyed tasks).
 
-Hard limits (issue 7): the worker range and the power budget. MPC strategies never see an
+Hard limits: the worker range and the power budget. MPC strategies never see an
 over-budget configuration as affordable (``MpcProblem.power_budget_w``); rules and static
 strategies are clamped to the nearest configuration within the budget. When no
 configuration meets both the budget and the latency bound, the budget is kept, the best
@@ -137,7 +137,7 @@ class StepObservation:
     backlog: int  # records available but not yet read
     failed_tasks: int
     # Whether power_w was read (RAPL): a modelled power is the model the prediction
-    # uses, and its error against itself says nothing (issue 20).
+    # uses, and its error against itself says nothing.
     power_measured: bool = False
     # Mean busy fraction of the workers over the step, from the keyed tasks' measured
     # times (None: the runner reported no per-group task times).
@@ -514,7 +514,7 @@ def plan_rebalance(records: list[dict[str, Any]], threshold: float) -> dict[str,
 # ------------------------------------------------------------------ transitions
 @dataclass
 class TransitionMeter:
-    """What a change of workers costs on this run, measured (issue 20; priced by the MPC
+    """What a change of workers costs on this run, measured (priced by the MPC
     through ``mpc.TransitionModel``, ours): the time from a scale-up decision to the
     first batch on the new workers, and per migration the reload time over the bytes of
     state it moved. A moved group's state reloads on its new executor in the first batch

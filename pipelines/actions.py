@@ -143,8 +143,8 @@ def transition(run: Run, to: str, actor: str, reason: str = "",
 
     The update is conditional on the status read (compare-and-set), so concurrent
     writers (relay, reconciler, tasks) cannot move a run backwards. The new status and
-    its event commit together: whoever sees the status finds the event (CI once read a
-    'lost' run before its reconciler event was written).
+    its event commit together: whoever sees the status finds the event (a 'lost' run
+    is never seen before the reconciler's event that says why).
     """
     allowed_from = [src for src, targets in TRANSITIONS.items() if to in targets]
     now = timezone.now()

@@ -149,7 +149,7 @@ CELERY_TASK_TIME_LIMIT = 300
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Two queues, each with its own worker: the control plane's tasks (start, stop,
 # reconfigure, control ticks, the reconciler) never wait behind Lab comparisons, which
-# run for minutes; four Lab submissions once filled every slot and stopped the control loop.
+# run for minutes and would otherwise fill every slot the control loop's ticks need.
 CONTROL_QUEUE, LAB_QUEUE = "control", "lab"
 CELERY_TASK_DEFAULT_QUEUE = CONTROL_QUEUE
 CELERY_TASK_ROUTES = {"control.tasks.run_lab": {"queue": LAB_QUEUE},

@@ -2,8 +2,8 @@
 can choose to what they do. ``manual`` has no controller; the others are the control
 library's MPC strategies (thesis Table 7.2; parameters: horizon, switching, gamma,
 alpha, beta, forecaster) and reactive baselines (``control/strategies/rules.py``).
-The closed loop (issue 7) runs them on live runs; the Strategy Lab runs them in the
-simulator."""
+The closed loop runs them on live runs (``control.live.STRATEGY_REGISTRY`` builds
+each); the Strategy Lab runs them in the simulator."""
 from __future__ import annotations
 
 STRATEGIES: dict[str, str] = {

@@ -41,23 +41,11 @@ from pipelines.runtime.runner.harness import HarnessError, RunnerProcess, keyed_
 REPLAN_TRIGGER_MS = 2000
 # ``trigger_ms=None`` calibrates the trigger first (:func:`calibrate_trigger`): the
 # heaviest configuration of the target list is run alone, and the trigger is lengthened
-# until its median batch takes at most ``BUSY_MAX`` of it. Measured on the same 2 cores
-# on a slower day (NEXMark Q5, 1,000 events/s): a batch's cost is nearly all per key
-# group (62-137 ms per state-store task, 4.0 s for 2,302 records at 12 key groups), and
-# the 8-group configuration took 2.0-2.8 s per batch at 1,000 events/s and 2.5-3.0 s at
-# 500: over a 2-s trigger at any rate. An overloaded old configuration has no slack to
-# share with a new one, so every seamless re-plan was disrupted for as long as it
-# overlapped (Gloss loads the old configuration to ~70 %, §9.1). Calibrated there to a
-# 6-s trigger (16 key groups: median batch 4.1 s), 10 re-plans per scheme: seamless
-# disrupted 0 s in 5 and 8-9 s in the others (one old batch delayed past ¾ of the
-# rate, right after the new query started), mean 4.2 s; stop-and-restart 7.8 s.
-# Reading the replay in tasks of at most 2,500 records did not help (7.1 s over 7).
-# Both queries' triggers fire at the same instants, so every catch-up batch started with
-# an old one: calibrated on a faster day to a 3-s trigger (16 key groups: median batch
-# 1.6 s, with C1-only JVMs), seamless was still disrupted 3-9 s in 8 of 10 re-plans
-# (mean 3.7 s). With the new query's batches taking turns with the old one's and the
-# hand-over batch left to it (``replan.Arbiter.begin``): 3-4 s in 4 of 10 (mean 1.3 s),
-# the rest from a replay or catch-up batch running past the old one's idle time.
+# until its median batch takes at most ``BUSY_MAX`` of it. An overloaded old
+# configuration has no slack to share with a new one, so a seamless re-plan is disrupted
+# for as long as it overlaps (Gloss loads the old configuration to ~70 %, §9.1); a
+# batch's cost is nearly all per key group, so the trigger follows the configuration,
+# not the rate (measurements: docs/benchmarks.md, "re-plan trigger").
 BUSY_MAX = 0.7
 BUSY_AIM = 0.6  # a lengthened trigger aims here (a batch's cost grows with its input)
 CALIBRATION_TRIES = 4

@@ -421,9 +421,9 @@ def _time_alone_main(argv: list[str]) -> int:
     """``python -m pipelines.runtime.operators.catalogue JOB ANSWER``: the child of
     :func:`time_chain_alone_isolated`."""
     # The modules a PE's Python worker holds (PySpark's worker, Arrow, cloudpickle): its
-    # heap, not a bare interpreter's, is what the per-row Python work runs in. Without
-    # them the per-row operators (enrich, score) timed 15-27 % cheaper than profiled in
-    # Spark, and CI once failed the 25 % check so; with them, within 13 %.
+    # heap, not a bare interpreter's, is what the per-row Python work runs in, and
+    # per-row operators time cheaper in a bare one (docs/benchmarks.md, "operators
+    # timed alone").
     import pyarrow  # noqa: F401
     import pyspark.worker  # noqa: F401
     job = pd.read_pickle(argv[0])

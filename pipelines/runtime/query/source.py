@@ -151,7 +151,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
             # Nothing new (a rate of 0, or a trigger sooner than the next record): no
             # batch, so nothing to agree on. A planned end equal to its start would name
             # itself as the batch after it, and the walk below would follow it for ever
-            # (a schedule starting at 0 records/s once hung a query after batch 0).
+            # (a schedule starting at 0 records/s would hang its query after batch 0).
             return begin
         self.plan_dir.mkdir(parents=True, exist_ok=True)
         path = self.plan_dir / str(begin)

@@ -79,11 +79,10 @@ SETTLE_S = 10.0  # measured after the switch, so that a late dip is counted
 BASELINE_S = 100.0  # Gloss §9.1: "full throughput" = mean of the previous 100 s
 RECENT_BATCHES = 5
 # A state transfer is gated to the forwarded query's idle time only where its batches
-# leave at least this share of the trigger interval idle. On a slower day (2 cores),
-# a keyed count at 800 records/s on a 1-s trigger ran its batches back to back; the gated
-# transfer got only the instants between a commit and the next start and had not ended
-# after 300 s (the re-plan was abandoned). Ungated, it runs beside the batches at idle
-# priority, as on a pipeline with no trigger.
+# leave at least this share of the trigger interval idle: batches run back to back leave
+# a gated transfer only the instants between a commit and the next start, too little to
+# end before the re-plan's deadline (docs/benchmarks.md, "gated state transfer").
+# Ungated, it runs beside the batches at idle priority, as on a pipeline with no trigger.
 GATE_IDLE_MIN = 0.2
 
 

@@ -225,7 +225,7 @@ def parse_expression(text: Any, columns: Columns, path: str) -> ast.expr:
 
 # What one expression may hold: the walkers of its tree (this checker, the Spark
 # compiler, the verifier) recurse once per level, and a filter or a projection is a
-# few terms in practice; 999 terms of '+' once ended in a RecursionError (a 500).
+# few terms in practice, and a deeper tree would exhaust their recursion.
 MAX_EXPRESSION_DEPTH = 32
 MAX_EXPRESSION_NODES = 256
 # Spark's long: an integer literal outside it is no number Spark holds.
