@@ -31,7 +31,7 @@ atoms; otherwise by sweep cuts over several vertex orders — the Fiedler vector
 traffic Laplacian, and shortest-path distances (edge length 1/traffic) from the
 heaviest atom and from both ends of every exlocated pair — followed by single-vertex
 moves while the ratio improves. A spectral/distance sweep replaces Leighton–Rao's LP;
-it carries no O(log n) guarantee, so ``tests/test_planning.py`` measures it against the
+it carries no O(log n) guarantee, so ``tests/unit/test_planning.py`` measures it against the
 exact minimum-ratio cut.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ never better choice, which keeps the recurrence a prefix maximum:
 
 O(n′·G²·n) time; 2–10 ms at G = 64, n, n′ ≤ 16 (``bench_migration``), where the paper
 reports ≤ 2 ms for its Java SSM (Fig. 10). Checked against brute force (every interval
-partition × every matching) in ``tests/test_planning.py``.
+partition × every matching) in ``tests/unit/test_planning.py``.
 
 ``plan_mtm`` adds the MTM-aware look-ahead (Def. 4.1); its candidate reduction is
 documented there. Baselines: consistent hashing (the paper's CH), ``balanced`` and

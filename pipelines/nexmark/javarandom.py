@@ -5,7 +5,7 @@ and draws every field from it, so matching Beam's events means matching this gen
 exactly: the 48-bit linear congruential generator of Knuth (TAOCP vol. 2 §3.2.1) with
 the multiplier 0x5DEECE66D, and the JDK's derivations of ``nextInt(bound)`` (rejection
 sampling), ``nextLong`` and ``nextDouble``. Java's 32- and 64-bit wrap-around and its
-truncating ``%`` and ``/`` are spelled out where they matter. ``tests/test_nexmark.py``
+truncating ``%`` and ``/`` are spelled out where they matter. ``tests/unit/test_nexmark.py``
 checks every method against the JVM on this machine.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// The JVM's own java.util.Random and Math, for tests/test_nexmark.py: for each seed in
+// The JVM's own java.util.Random and Math, for tests/unit/test_nexmark.py: for each seed in
 // [first, last), one line of draws in a fixed order (see the test for the order).
 import java.util.Random;
 

@@ -12,7 +12,7 @@ import pytest
 
 pytestmark = pytest.mark.dbless
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _secret_key(var: Path) -> str:
@@ -135,7 +135,7 @@ def test_the_embedded_cluster_admits_only_applications_with_its_secret(
         the probe's own start leads to, so nothing here waits out a fixed time; the
         120-s deadline only detects a probe that does neither. The product's own driver
         (and its JVM) never shows the secret on a command line."""
-        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
         if secret_arg != "product":
             env.pop(cluster.SECRET_ENV, None)
         log = tmp_path / f"{name}.log"

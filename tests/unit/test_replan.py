@@ -537,7 +537,7 @@ def test_the_transfer_gate_stops_the_transfer_during_a_batch_and_never_for_long(
              "import time\nfrom pipelines.runtime import reseed\n"
              f"g = reseed.TransferGate({proc.pid}, hold_max_s=60)\ng.hold()\n"
              "print(flush=True)\ntime.sleep(120)\n"],
-            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
         assert holder.stdout is not None
         holder.stdout.readline()
         assert _stopped(child)

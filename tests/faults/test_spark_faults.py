@@ -26,7 +26,7 @@ from pipelines.runtime.host import frequency
 from pipelines.runtime.verify import verifier as verify
 from pipelines.runtime.runner.harness import RunnerProcess
 from tests.conftest import ROOT, wait_for
-from tests.test_faults import OwnRedis
+from tests.faults.test_faults import OwnRedis
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 

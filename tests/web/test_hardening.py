@@ -27,7 +27,7 @@ from pipelines.runtime.spec import dataflow
 from pipelines.runtime.operators import catalogue as pyops
 from pipelines.runtime.spec import definition as pdef
 from tests.conftest import SMALL_DEFINITION, make_pipeline_and_policy, run_async
-from tests.test_lab import FORM
+from tests.web.test_lab import FORM
 
 # ------------------------------------------------------ definitions that exhaust a runner
 Q5 = queries.definition("Q5", 1000)

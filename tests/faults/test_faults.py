@@ -442,7 +442,7 @@ def test_a_runner_killed_while_throttling_leaves_no_process_stopped(tmp_path: Pa
          "    time.sleep(0.01)\n"
          "print(t._watchdog.pid, flush=True)\n"
          "time.sleep(120)\n"],
-        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[1])
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
 
     def state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -17,7 +17,7 @@ from pipelines.nexmark.javarandom import JavaRandom, java_div, java_rem, java_ro
 
 pytestmark = pytest.mark.dbless  # no database: run once, in the PostgreSQL pass
 
-ORACLE = Path(__file__).with_name("java") / "RandomOracle.java"
+ORACLE = Path(__file__).resolve().parents[1] / "java" / "RandomOracle.java"
 EVENTS_CHECKED = 20_000
 
 

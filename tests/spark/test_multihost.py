@@ -91,7 +91,7 @@ def _cluster_page(client: Any, settings: Any, info: Any, record: dict[str, Any],
     html = client.get("/cluster/").content.decode()
     logs.mkdir(parents=True, exist_ok=True)
     page = logs / "cluster-page.html"
-    static = Path(__file__).resolve().parents[1] / "static"
+    static = Path(__file__).resolve().parents[2] / "static"
     page.write_text(html.replace('href="/static/', f'href="file://{static}/'))
     try:
         from pipelines.management.browser import headless_chromium

@@ -1,6 +1,6 @@
 """The exactly-once check in the product: a Verify action per run (a job on the Lab
 queue, with progress), automatically on stop, the verdict on the run page's badge and in
-the run's log. The run directories are the verifier's own fakes (tests/test_elastic_units):
+the run's log. The run directories are the verifier's own fakes (tests/unit/test_elastic_units):
 correct, then with one row lost."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from django.test import Client
 
 from pipelines.runtime.query.compiler import output_path
 from tests.conftest import make_pipeline_and_policy, wait_for
-from tests.test_elastic_units import COUNT_DOC, _fake_run
+from tests.unit.test_elastic_units import COUNT_DOC, _fake_run
 
 KEPT = {**COUNT_DOC, "sink": {"type": "latency", "keep_output": True}}
 
