@@ -401,7 +401,7 @@ def test_a_starved_transfer_is_raised_from_idle_to_low_priority_with_its_childre
     if os.geteuid() != 0:
         pytest.skip("raising a priority needs root or CAP_SYS_NICE")
     code = ("import os, subprocess, time\n"
-            "from pipelines.runtime import reseed\n"
+            "from pipelines.runtime.replan import transfer as reseed\n"
             "reseed.set_own_priority(reseed.IDLE)\n"
             "child = subprocess.Popen(['sleep', '30'])\n"
             "print(child.pid, flush=True)\n"
@@ -534,7 +534,7 @@ def test_the_transfer_gate_stops_the_transfer_during_a_batch_and_never_for_long(
         # A runner killed outright while it holds the transfer: the watchdog continues it.
         holder = subprocess.Popen(
             [sys.executable, "-c",
-             "import time\nfrom pipelines.runtime import reseed\n"
+             "import time\nfrom pipelines.runtime.replan import transfer as reseed\n"
              f"g = reseed.TransferGate({proc.pid}, hold_max_s=60)\ng.hold()\n"
              "print(flush=True)\ntime.sleep(120)\n"],
             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2])
