@@ -7,11 +7,19 @@ WebSocket). Numbers that a run has not measured yet are null.
 """
 # No "from __future__ import annotations": TypedDict reads NotRequired from evaluated
 # annotations only.
-import types
-import typing
-from typing import Any, Literal, NotRequired, TypedDict, Union
+from functools import cache
+from typing import Any, Literal, NotRequired
+
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+# pydantic reads a TypedDict's fields on Python < 3.12 from typing_extensions' only.
+from typing_extensions import TypedDict
+
+# Every message type checked as the page reads it: no unknown field, no value of another
+# type (no number for a string, no true for a number).
+_strict = with_config(ConfigDict(extra="forbid", strict=True))
 
 
+@_strict
 class Verification(TypedDict):
     """The exactly-once check of a run's kept output (``pipelines.runtime.verify``)."""
 
@@ -24,6 +32,7 @@ class Verification(TypedDict):
     css: str
 
 
+@_strict
 class RunState(TypedDict):
     id: int
     status: str
@@ -37,6 +46,7 @@ class RunState(TypedDict):
     verification: Verification | None
 
 
+@_strict
 class OperatorBytes(TypedDict):
     """One stateful operator's state per key group (named by its dataflow node)."""
 
@@ -44,6 +54,7 @@ class OperatorBytes(TypedDict):
     bytes: list[int]
 
 
+@_strict
 class Groups(TypedDict):
     """Per key group (index = group): where it lives, where it ran, its size and load."""
 
@@ -56,6 +67,7 @@ class Groups(TypedDict):
     executor_hosts: NotRequired[dict[str, str] | None]  # executor id -> its host
 
 
+@_strict
 class Sample(TypedDict):
     """One micro-batch (``pipelines.actions.SAMPLE_FIELDS``); latencies are measured,
     power is modelled unless ``power_measured``."""
@@ -86,6 +98,7 @@ class Sample(TypedDict):
     written_at: NotRequired[float | None]  # pushed live only: when the runner wrote it
 
 
+@_strict
 class Event(TypedDict):
     id: int
     at: str
@@ -95,11 +108,13 @@ class Event(TypedDict):
     payload: dict[str, Any] | None
 
 
+@_strict
 class Setting(TypedDict):
     workers: int
     freq_ghz: float | None
 
 
+@_strict
 class Decision(TypedDict):
     id: int
     step: int
@@ -122,6 +137,7 @@ class Decision(TypedDict):
     mape: dict[str, Any]
 
 
+@_strict
 class SnapshotMessage(TypedDict):
     kind: Literal["snapshot"]
     run: RunState
@@ -130,21 +146,25 @@ class SnapshotMessage(TypedDict):
     decisions: list[Decision]
 
 
+@_strict
 class MetricsMessage(TypedDict):
     kind: Literal["metrics"]
     samples: list[Sample]
 
 
+@_strict
 class EventMessage(TypedDict):
     kind: Literal["event"]
     event: Event
 
 
+@_strict
 class DecisionMessage(TypedDict):
     kind: Literal["decision"]
     decision: Decision
 
 
+@_strict
 class StatusMessage(TypedDict):
     kind: Literal["status"]
     run: RunState
@@ -156,51 +176,62 @@ KINDS: dict[str, type] = {"snapshot": SnapshotMessage, "metrics": MetricsMessage
 
 
 def problems(message: dict[str, Any]) -> list[str]:
-    """What makes ``message`` differ from its kind's type: missing or unknown fields,
-    values of the wrong type (paths like ``samples[0].latency_p95_ms``); [] if none."""
+    """What makes ``message`` differ from its kind's type (pydantic's validation of the
+    TypedDict): missing or unknown fields, values of the wrong type, each as one line
+    with its path (``samples[0].latency_p95_ms: expected float, got 'x'``); [] if none."""
     kind = message.get("kind")
     if kind not in KINDS:
         return [f"kind: {kind!r} is not one of {', '.join(KINDS)}"]
-    return _check(message, KINDS[kind], "")
+    try:
+        _adapter(kind).validate_python(message)
+    except ValidationError as exc:
+        return _lines(message, exc)
+    return []
 
 
-def _check(value: Any, expected: Any, path: str) -> list[str]:
-    origin = typing.get_origin(expected)
-    if expected is Any:
-        return []
-    if expected is None or expected is type(None):
-        return [] if value is None else [f"{path or 'message'}: expected null, got {value!r}"]
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(expected)
-        results = [_check(value, option, path) for option in options]
-        return [] if any(not r for r in results) else min(results, key=len)
-    if origin is Literal:
-        allowed = typing.get_args(expected)
-        return [] if value in allowed else [f"{path}: {value!r} is not one of {allowed}"]
-    if origin is list:
-        if not isinstance(value, list):
-            return [f"{path}: expected a list, got {type(value).__name__}"]
-        (item,) = typing.get_args(expected)
-        return [p for i, v in enumerate(value) for p in _check(v, item, f"{path}[{i}]")]
-    if origin is dict or expected is dict:
-        return [] if isinstance(value, dict) else [f"{path}: expected an object"]
-    if typing.is_typeddict(expected):
-        if not isinstance(value, dict):
-            return [f"{path or 'message'}: expected an object, got {type(value).__name__}"]
-        hints = typing.get_type_hints(expected)
-        out = [f"{(path + '.' + k).lstrip('.')}: missing" for k in expected.__required_keys__
-               if k not in value]
-        out += [f"{(path + '.' + k).lstrip('.')}: unknown field" for k in value if k not in hints]
-        for key, hint in hints.items():
-            if key in value:
-                if typing.get_origin(hint) is NotRequired:
-                    hint = typing.get_args(hint)[0]
-                out += _check(value[key], hint, (path + "." + key).lstrip("."))
-        return out
-    if expected is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    elif expected is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    else:
-        ok = isinstance(value, expected)
-    return [] if ok else [f"{path}: expected {expected.__name__}, got {value!r}"]
+@cache
+def _adapter(kind: str) -> TypeAdapter[Any]:
+    return TypeAdapter(KINDS[kind])
+
+
+_EXPECTED = {"int_type": "int", "float_type": "float", "string_type": "str",
+             "bool_type": "bool", "list_type": "a list", "dict_type": "an object",
+             "model_type": "an object", "none_required": "null", "typed_dict_type":
+             "an object"}
+
+
+def _lines(message: dict[str, Any], exc: ValidationError) -> list[str]:
+    """One line per path; a union's members' errors at one path joined ("expected float
+    or null")."""
+    expected: dict[str, list[str]] = {}
+    found: dict[str, Any] = {}
+    out: dict[str, str] = {}
+    for error in exc.errors():
+        path, value = _path(message, error["loc"])
+        if error["type"] == "missing":
+            out[path] = f"{path}: missing"
+        elif error["type"] == "extra_forbidden":
+            out[path] = f"{path}: unknown field"
+        else:
+            want = _EXPECTED.get(error["type"], error["msg"])
+            expected.setdefault(path, [])
+            if want not in expected[path]:
+                expected[path].append(want)
+            found[path] = value
+    for path, wants in expected.items():
+        out.setdefault(path, f"{path}: expected {' or '.join(wants)}, got {found[path]!r}")
+    return list(out.values())
+
+
+def _path(message: Any, loc: tuple[Any, ...]) -> tuple[str, Any]:
+    """``loc`` as ``a.b[0].c``, leaving out the union members' tags pydantic puts in it
+    (a step that is neither a key of the value there nor an index into it)."""
+    path, value = "", message
+    for step in loc:
+        if isinstance(value, dict) and isinstance(step, str) and (
+                step in value or step == loc[-1]):
+            path = f"{path}.{step}" if path else step
+            value = value.get(step)
+        elif isinstance(value, list) and isinstance(step, int):
+            path, value = f"{path}[{step}]", value[step] if step < len(value) else None
+    return path or "message", value
