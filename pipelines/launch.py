@@ -23,8 +23,9 @@ class LaunchError(RuntimeError):
     pass
 
 
-def run_bus(run: Any) -> busmod.RunBus:
-    return busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+def run_bus(run: Any) -> busmod.ControlBus:
+    """The control plane's side of ``run``'s bus."""
+    return busmod.ControlBus(busmod.connect(settings.REDIS_URL), run.bus_key)
 
 
 def master_url() -> str:

@@ -178,7 +178,7 @@ def record_ack(run: Run, command: str, args: dict, actor: str,
     return bool(ack["ok"]), ack["message"]
 
 
-def _last_runner_outcome(bus: busmod.RunBus) -> dict | None:
+def _last_runner_outcome(bus: busmod.ControlBus) -> dict | None:
     """The runner's final word (``stopped``/``failed``) if it said one."""
     for _entry_id, fields in bus.r.xrevrange(busmod.events_key(bus.key), count=5):
         event = json.loads(fields["e"])
@@ -194,7 +194,7 @@ def redis_restarted_recently(r: Any) -> bool:
     return int(r.info("server")["uptime_in_seconds"]) < busmod.HEARTBEAT_TTL_S
 
 
-def _terminate(bus: busmod.RunBus, pid: int) -> bool:
+def _terminate(bus: busmod.ControlBus, pid: int) -> bool:
     """SIGTERM a hung runner, and SIGKILL it if it is still there a grace period later
     (on a later pass: the reconciler never waits). True once it has been SIGKILLed."""
     key = f"run:{bus.key}:sigterm_at"
@@ -209,7 +209,7 @@ def _terminate(bus: busmod.RunBus, pid: int) -> bool:
     return True
 
 
-def _end_a_hung_stop(run: Run, bus: busmod.RunBus, now: datetime) -> int:
+def _end_a_hung_stop(run: Run, bus: busmod.ControlBus, now: datetime) -> int:
     """A run stopping for longer than STOP_TIMEOUT_S whose runner still heartbeats is hung
     in its stop: SIGTERM, SIGKILL a grace period later, and the run is stopped, saying
     so. Returns 1 when the run changed."""

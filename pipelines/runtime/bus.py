@@ -269,13 +269,26 @@ def _is_outcome(ack: dict[str, Any], command_id: str) -> bool:
     return ack.get("command_id") == command_id and not ack.get("duplicate")
 
 
-class RunBus:
-    """One run's view of the bus, used by both the runner and the control plane."""
+class _RunStreams:
+    """One run's streams and keys on ``client`` (``key``: the run's bus key)."""
 
     def __init__(self, client: redis.Redis, key: str) -> None:
         self.r = client
         self.key = key
         self.run_id = run_id_of(key)
+
+    def clear_heartbeat(self) -> None:
+        """The runner, on its way out; the reconciler, for a runner it found lost."""
+        self.r.delete(heartbeat_key(self.key))
+
+
+class RunnerBus(_RunStreams):
+    """The runner's side: what it writes (metrics, events, acknowledgements, its
+    heartbeat) through an outbox that holds them while Redis is away, and the commands
+    it reads."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        super().__init__(client, key)
         self._outbox: collections.deque[tuple[str, str, str]] = collections.deque(
             maxlen=OUTBOX_MAX)
         self._outbox_lock = threading.Lock()
@@ -289,7 +302,6 @@ class RunBus:
         self.resent = 0
         self._event_seq = itertools.count()
 
-    # ---------------------------------------------------------------- runner side
     def _write(self, stream: str, field: str, body: dict[str, Any]) -> str | None:
         """Append to ``stream`` after everything still waiting in the outbox; the entry
         id, or None when Redis is away (the entry then waits for the next write or
@@ -377,9 +389,6 @@ class RunBus:
                    json.dumps({"t": time.time(), "host": HOSTNAME, **payload}),
                    ex=HEARTBEAT_TTL_S)
 
-    def clear_heartbeat(self) -> None:
-        self.r.delete(heartbeat_key(self.key))
-
     def read_commands(self, last_id: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
         got = self.r.xread({commands_key(self.key): last_id}, block=block_ms, count=16)
         out = []
@@ -392,7 +401,10 @@ class RunBus:
         ack: Ack = {"command_id": command_id, "ok": ok, "message": message, "t": time.time()}
         self._write(acks_key(self.key), "a", {**ack, **payload})
 
-    # --------------------------------------------------------- control-plane side
+class ControlBus(_RunStreams):
+    """The control plane's side: the commands it sends and their acknowledgements, the
+    runner's heartbeat, and the run's place in the relay's live set."""
+
     def send_command(self, name: RunnerCommand | str, *, command_id: str | None = None,
                      deadline: float | None = None, **args: Any) -> str:
         """Queue a command for the runner (ValueError for a name it does not take).

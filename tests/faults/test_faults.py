@@ -72,7 +72,7 @@ def test_a_runner_holds_its_records_while_redis_is_away_and_writes_them_after(
         own_redis: OwnRedis) -> None:
     from pipelines.runtime import bus as busmod
 
-    runner_bus = busmod.RunBus(busmod.connect(own_redis.url), busmod.bus_key(1, "faults"))
+    runner_bus = busmod.RunnerBus(busmod.connect(own_redis.url), busmod.bus_key(1, "faults"))
     assert runner_bus.publish_metrics({"batch_id": 0, "t": time.time()}) is not None
     own_redis.kill()
     # Neither a write nor an ack raises while Redis is away: they wait, in order.
@@ -345,9 +345,10 @@ def test_the_relay_follows_the_databases_active_runs_when_redis_forgot_them(
     from pipelines.runtime import bus as busmod
 
     run = _new_run(operator, status="running")
-    run_bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
-    run_bus.reset()
-    run_bus.mark_done()  # as after the restart: not in the live set
+    run_bus = busmod.RunnerBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+    control = busmod.ControlBus(run_bus.r, run.bus_key)
+    control.reset()
+    control.mark_done()  # as after the restart: not in the live set
     try:
         for batch in range(3):
             run_bus.publish_metrics({"batch_id": batch, "t": time.time(), "records": 5})
@@ -358,7 +359,7 @@ def test_the_relay_follows_the_databases_active_runs_when_redis_forgot_them(
         run_async(relay_once())
         assert sorted(run.samples.values_list("batch_id", flat=True)) == [0, 1, 2]
     finally:
-        run_bus.reset()
+        control.reset()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -370,9 +371,10 @@ def test_the_relay_reads_again_what_it_could_not_store_and_pushes_it_once(
     from pipelines.runtime import bus as busmod
 
     run = _new_run(operator, status="running")
-    run_bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
-    run_bus.reset()
-    run_bus.mark_live()
+    run_bus = busmod.RunnerBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+    control = busmod.ControlBus(run_bus.r, run.bus_key)
+    control.reset()
+    control.mark_live()
     store = actions.store_samples
     failures = []
 
@@ -415,8 +417,8 @@ def test_the_relay_reads_again_what_it_could_not_store_and_pushes_it_once(
         batches = [s["batch_id"] for message in pushed for s in message["samples"]]
         assert batches == [0, 1, 2]
     finally:
-        run_bus.mark_done()
-        run_bus.reset()
+        control.mark_done()
+        control.reset()
 
 
 @pytest.mark.dbless

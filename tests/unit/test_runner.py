@@ -17,7 +17,7 @@ def _runner(tmp_path, t0=None) -> Runner:
     cfg = RunnerConfig(run_id=1, bus_key="1.test", redis_url="redis://127.0.0.1:6379/14",
                        master_url="spark://127.0.0.1:1", checkpoint_dir=str(tmp_path),
                        definition=DEMO_DEFINITION, t0=t0)
-    return Runner(cfg, busmod.RunBus(busmod.connect(cfg.redis_url), cfg.bus_key))
+    return Runner(cfg, busmod.RunnerBus(busmod.connect(cfg.redis_url), cfg.bus_key))
 
 
 def test_a_new_run_never_resumes_an_existing_checkpoint(tmp_path) -> None:
@@ -48,7 +48,7 @@ def test_the_control_plane_waits_for_an_ack_as_long_as_a_migration_may_run() -> 
 
 
 def test_a_runner_event_kind_outside_the_contract_is_refused() -> None:
-    bus = busmod.RunBus(busmod.connect("redis://127.0.0.1:6379/14"), "1.kinds")
+    bus = busmod.RunnerBus(busmod.connect("redis://127.0.0.1:6379/14"), "1.kinds")
     try:
         with pytest.raises(ValueError):
             bus.publish_event("scaled", workers=2)  # type: ignore[arg-type]
@@ -56,26 +56,27 @@ def test_a_runner_event_kind_outside_the_contract_is_refused() -> None:
         entry = bus.r.xrange(busmod.events_key("1.kinds"))[-1][1]
         assert '"type": "workers_changed"' in entry["e"]
     finally:
-        bus.reset()
+        busmod.ControlBus(bus.r, bus.key).reset()
 
 
 def test_only_the_runners_commands_can_be_sent() -> None:
-    bus = busmod.RunBus(busmod.connect("redis://127.0.0.1:6379/14"), "1.commands")
+    control = busmod.ControlBus(busmod.connect("redis://127.0.0.1:6379/14"), "1.commands")
+    bus = busmod.RunnerBus(control.r, control.key)
     try:
         with pytest.raises(ValueError):
-            bus.send_command("scale", workers=2)
-        cid = bus.send_command(busmod.RunnerCommand.SET_WORKERS, workers=2)
+            control.send_command("scale", workers=2)
+        cid = control.send_command(busmod.RunnerCommand.SET_WORKERS, workers=2)
         (_entry, command), = bus.read_commands("0-0", block_ms=10)
         assert command == {"id": cid, "name": "set_workers", "args": {"workers": 2},
                            "sent_at": command["sent_at"],
                            "deadline": command["sent_at"] + busmod.COMMAND_TTL_S}
         bus.ack(cid, True, "done", workers=2)
-        assert bus.wait_ack(cid, 5)["workers"] == 2
+        assert control.wait_ack(cid, 5)["workers"] == 2
     finally:
-        bus.reset()
+        control.reset()
 
 
-def _acks(bus: busmod.RunBus) -> list[dict]:
+def _acks(bus: busmod.RunnerBus) -> list[dict]:
     return [json.loads(f["a"]) for _id, f in bus.r.xrange(busmod.acks_key(bus.key))]
 
 
@@ -87,7 +88,8 @@ def test_a_runner_applies_no_command_twice_and_none_past_its_deadline(tmp_path) 
 
     runner = _runner(tmp_path)
     bus = runner.bus
-    bus.reset()
+    control = busmod.ControlBus(bus.r, bus.key)
+    control.reset()
     try:
         runner.phase = "running"
         now = time.time()
@@ -114,7 +116,7 @@ def test_a_runner_applies_no_command_twice_and_none_past_its_deadline(tmp_path) 
                           "deadline": now - 480})
         assert _acks(bus)[-1]["ok"] and runner.stop_event.is_set()
     finally:
-        bus.reset()
+        control.reset()
 
 
 def test_a_batchs_metrics_record_is_the_typed_contract_the_control_plane_reads(tmp_path) -> None:

@@ -29,7 +29,7 @@ def _publish(run, batches: range, rate: float, duration: float = 1.0) -> None:
     from control import live
     from pipelines.runtime import bus as busmod
 
-    bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+    bus = busmod.RunnerBus(busmod.connect(settings.REDIS_URL), run.bus_key)
     for b in batches:
         t = 1_000.0 + b * duration
         # Batch ids past the start-up batches the controller does not decide on.

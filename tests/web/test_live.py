@@ -46,9 +46,10 @@ def test_websocket_receives_metrics_pushed_by_the_relay(operator) -> None:
 
     run = _new_run(operator)
     cookie = _session_cookie(operator)
-    run_bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
-    run_bus.reset()
-    run_bus.mark_live()
+    run_bus = busmod.RunnerBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+    control = busmod.ControlBus(run_bus.r, run.bus_key)
+    control.reset()
+    control.mark_live()
 
     async def scenario() -> tuple[dict, dict, dict, float]:
         comm = await _connect(f"/ws/runs/{run.pk}/", cookie)
@@ -196,9 +197,10 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
 
     run = _controlled_run(operator)
     cookie = _session_cookie(operator)
-    run_bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
-    run_bus.reset()
-    run_bus.mark_live()
+    run_bus = busmod.RunnerBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+    control = busmod.ControlBus(run_bus.r, run.bus_key)
+    control.reset()
+    control.mark_live()
     # A snapshot with something in each list: a stored sample, an event, a decision.
     _runner_records(run_bus, 0, 6)
     run_async(Relay().step(block_ms=2000))
@@ -320,14 +322,15 @@ def test_the_relay_forgets_a_live_bus_key_whose_run_the_database_does_not_hold(o
 
     run = _new_run(operator)
     client = busmod.connect(settings.REDIS_URL)
-    stale = busmod.RunBus(client, busmod.bus_key(run.pk + 1000, "gone"))
-    wrong_token = busmod.RunBus(client, busmod.bus_key(run.pk, "other"))
-    real = busmod.RunBus(client, run.bus_key)
+    keys = (busmod.bus_key(run.pk + 1000, "gone"), busmod.bus_key(run.pk, "other"),
+            run.bus_key)
+    stale, wrong_token, real = (busmod.ControlBus(client, key) for key in keys)
     try:
-        for bus in (stale, wrong_token, real):
-            bus.reset()
-            bus.mark_live()
-            bus.publish_event(busmod.RunnerEvent.STOPPED, reason="test over")
+        for key in keys:
+            busmod.ControlBus(client, key).reset()
+            busmod.ControlBus(client, key).mark_live()
+            busmod.RunnerBus(client, key).publish_event(busmod.RunnerEvent.STOPPED,
+                                                         reason="test over")
 
         async def relay_once() -> None:
             await Relay().step(block_ms=500)

@@ -77,9 +77,10 @@ class Command(BaseCommand):
             "latency_bound_ms": 1000, "power_budget_w": 10})
         run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
                                  status="running", created_by=user)
-        run_bus = busmod.RunBus(busmod.connect(settings.REDIS_URL), run.bus_key)
-        run_bus.reset()
-        run_bus.mark_live()
+        control_bus = busmod.ControlBus(busmod.connect(settings.REDIS_URL), run.bus_key)
+        control_bus.reset()
+        control_bus.mark_live()
+        run_bus = busmod.RunnerBus(control_bus.r, run.bus_key)  # the runner's side
 
         port = free_port()
         logs = Path(settings.VAR_DIR) / "bench-logs"
@@ -114,7 +115,7 @@ class Command(BaseCommand):
                 driver.quit()
             for proc in procs:
                 os.killpg(proc.pid, signal.SIGTERM)
-            run_bus.mark_done()
+            control_bus.mark_done()
             Run.objects.filter(pk=run.pk).update(status="stopped")
         push = [(a["received_at"] - a["written_at"]) * 1000 for a in arrivals]
         if len(push) < n * 0.9:

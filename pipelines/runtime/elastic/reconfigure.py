@@ -24,7 +24,7 @@ from pipelines.runtime.host import frequency
 from pipelines.runtime.bus import (
     RECONFIGURATIONS,
     Command,
-    RunBus,
+    RunnerBus,
     RunnerCommand,
     RunnerEvent,
     expired,
@@ -92,7 +92,7 @@ class _Scaling:
 
 
 class Reconfigurer:
-    def __init__(self, cfg: ElasticDefaults, spec: PipelineSpec, bus: RunBus,
+    def __init__(self, cfg: ElasticDefaults, spec: PipelineSpec, bus: RunnerBus,
                  routing: elastic.RoutingTable, metrics: PlacementMetrics,
                  runner: RunnerHandle, f_max_ghz: float, freq_source: str) -> None:
         self.cfg = cfg

@@ -177,7 +177,7 @@ class RunnerProcess:
                  **config: Any) -> None:
         self.work = Path(work)
         self.bus_key = busmod.bus_key(run_id, token)
-        self.bus = busmod.RunBus(busmod.connect(redis_url), self.bus_key)
+        self.bus = busmod.ControlBus(busmod.connect(redis_url), self.bus_key)
         self.config = {"run_id": run_id, "bus_key": self.bus_key, "redis_url": redis_url,
                        "master_url": master_url, "checkpoint_dir": str(self.work),
                        "definition": definition, **config}

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from pipelines.runtime.elastic import migration as elastic
 from pipelines.runtime.elastic import placement
 from pipelines.runtime.host import power
-from pipelines.runtime.bus import MetricsRecord, RunBus, RunnerEvent
+from pipelines.runtime.bus import MetricsRecord, RunnerBus, RunnerEvent
 from pipelines.runtime.spec.definition import PipelineSpec
 
 LOAD_WINDOW = 5  # batches over which a group's load is averaged
@@ -58,7 +58,7 @@ def source_offset(raw: Any) -> int | None:
 class BatchMetrics:
     """Builds, enriches and publishes each micro-batch's metrics record."""
 
-    def __init__(self, spec: PipelineSpec, bus: RunBus, checkpoint: Path,
+    def __init__(self, spec: PipelineSpec, bus: RunnerBus, checkpoint: Path,
                  routing: elastic.RoutingTable, clock: BatchClock) -> None:
         self.spec = spec
         self.schedule = spec.schedule()

@@ -101,7 +101,7 @@ class RunnerConfig:
 
 
 class Runner:
-    def __init__(self, cfg: RunnerConfig, bus: busmod.RunBus,
+    def __init__(self, cfg: RunnerConfig, bus: busmod.RunnerBus,
                  session: Any = None, standby_id: str | None = None) -> None:
         self.cfg = cfg
         self.bus = bus
@@ -491,7 +491,7 @@ def run_main(config_path: str, session: Any = None, standby_id: str | None = Non
     """Run one run from its config file (in a standby: on the standby's session)."""
     try:
         cfg = RunnerConfig.load(config_path)
-        runner_bus = busmod.RunBus(busmod.connect(cfg.redis_url), cfg.bus_key)
+        runner_bus = busmod.RunnerBus(busmod.connect(cfg.redis_url), cfg.bus_key)
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: bad runner config {config_path}: {exc}", file=sys.stderr)
         return 2
