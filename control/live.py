@@ -430,35 +430,50 @@ def observe(records: list[dict[str, Any]], previous: dict[str, Any] | None) -> S
     first = previous or records[0]
     last = records[-1]
     span = max(last["t"] - first["t"], 1e-6)
-    if last.get("source_latest") is not None and first.get("source_latest") is not None \
-            and previous is not None:
-        # The source's available offset is read when a batch's trigger starts: measure
-        # its growth over the same instants (commit times would add batch jitter).
-        clock = "trigger_started_at" if last.get("trigger_started_at") and \
-            first.get("trigger_started_at") else "t"
-        rate = (last["source_latest"] - first["source_latest"]) / max(
-            last[clock] - first[clock], 1e-6)
-    else:
-        rate = statistics.fmean(r.get("scheduled_rate") or r.get("input_rate") or 0.0
-                                for r in records)
     counted = records if previous is not None else records[1:] or records
-    throughput = sum(r.get("records") or 0 for r in counted) / span
-    p95 = [r["latency_p95_ms"] / 1000 for r in records if r.get("latency_p95_ms") is not None]
-    durations = [r["batch_duration_ms"] / 1000 for r in records if r.get("batch_duration_ms")]
-    power = [r["power_w"] for r in records if r.get("power_w") is not None]
-    backlog = (last["source_latest"] - last["source_end"]
-               if last.get("source_latest") is not None and last.get("source_end") is not None
-               else 0)
+    powered = [r for r in records if r.get("power_w") is not None]
+    workers = int(last.get("workers") or 1)
     return StepObservation(
-        batches=len(records), rate=max(rate, 0.0), throughput=throughput,
-        latency_s=statistics.fmean(p95) if p95 else None,
-        batch_s=statistics.fmean(durations) if durations else None,
-        workers=int(last.get("workers") or 1), freq_ghz=float(last.get("frequency_ghz") or 0),
-        power_w=statistics.fmean(power) if power else None, backlog=int(backlog),
+        batches=len(records), rate=max(_arrival_rate(records, previous), 0.0),
+        throughput=sum(r.get("records") or 0 for r in counted) / span,
+        latency_s=_mean(records, "latency_p95_ms", 1000),
+        batch_s=_mean(records, "batch_duration_ms", 1000),
+        workers=workers, freq_ghz=float(last.get("frequency_ghz") or 0),
+        power_w=_mean(records, "power_w"), backlog=_backlog(last),
         failed_tasks=sum(r.get("failed_tasks") or 0 for r in records),
-        power_measured=bool(power) and all(r.get("power_source") == "measured"
-                                           for r in records if r.get("power_w") is not None),
-        busy=measured_busy(records, previous, int(last.get("workers") or 1)))
+        power_measured=bool(powered) and all(r.get("power_source") == "measured"
+                                             for r in powered),
+        busy=measured_busy(records, previous, workers))
+
+
+def _arrival_rate(records: list[dict[str, Any]], previous: dict[str, Any] | None) -> float:
+    """Records/s the source made available over the step. Its available offset is read
+    when a batch's trigger starts: its growth is measured over the same instants
+    (commit times would add batch jitter); without it, the batches' own rates."""
+    first, last = previous or records[0], records[-1]
+    if previous is None or last.get("source_latest") is None \
+            or first.get("source_latest") is None:
+        return statistics.fmean(r.get("scheduled_rate") or r.get("input_rate") or 0.0
+                                for r in records)
+    clock = "trigger_started_at" if last.get("trigger_started_at") and \
+        first.get("trigger_started_at") else "t"
+    return (last["source_latest"] - first["source_latest"]) / max(
+        last[clock] - first[clock], 1e-6)
+
+
+def _mean(records: list[dict[str, Any]], field: str, per: float = 1.0) -> float | None:
+    """The mean of ``field`` over the records that carry it (a zero batch duration is
+    none), divided by ``per``; None when none does."""
+    values = [r[field] / per for r in records if r.get(field) is not None
+              and (field != "batch_duration_ms" or r[field])]
+    return statistics.fmean(values) if values else None
+
+
+def _backlog(last: dict[str, Any]) -> int:
+    """Records available but not read yet, when the last batch was planned."""
+    if last.get("source_latest") is None or last.get("source_end") is None:
+        return 0
+    return int(last["source_latest"] - last["source_end"])
 
 
 def keyed_imbalance(placement: list[str | None], loads: list[float]) -> float:
@@ -481,13 +496,9 @@ def plan_rebalance(records: list[dict[str, Any]], threshold: float) -> dict[str,
     if threshold <= 0 or not placement or last.get("migration") or None in placement:
         return None
     groups = len(placement)
-    columns = [[r["group_ms"][g] for r in records
-                if r.get("group_ms") and len(r["group_ms"]) == groups
-                and r["group_ms"][g] is not None and not r.get("migration")]
-               for g in range(groups)]
-    if any(not c for c in columns):
+    loads = _group_loads(records, groups)
+    if loads is None:
         return None
-    loads = [max(statistics.fmean(c), 1.0) for c in columns]
     now = keyed_imbalance(placement, loads)
     owners = sorted(set(placement))
     if now <= threshold or len(owners) < 2:
@@ -509,6 +520,22 @@ def plan_rebalance(records: list[dict[str, Any]], threshold: float) -> dict[str,
     return {"moves": {str(g): target[g] for g in plan.moved}, "imbalance": now,
             "planned_imbalance": after, "state_bytes": plan.migration_cost,
             "planner": "ding-table", "tau": threshold / 2}
+
+
+def _group_loads(records: list[dict[str, Any]], groups: int) -> list[float] | None:
+    """Each key group's mean task time (ms, at least 1) over the step's batches outside
+    a migration; None when a group has no measurement."""
+    columns: list[list[float]] = [[] for _ in range(groups)]
+    for r in records:
+        times = r.get("group_ms")
+        if not times or len(times) != groups or r.get("migration"):
+            continue
+        for g, t in enumerate(times):
+            if t is not None:
+                columns[g].append(t)
+    if any(not c for c in columns):
+        return None
+    return [max(statistics.fmean(c), 1.0) for c in columns]
 
 
 # ------------------------------------------------------------------ transitions

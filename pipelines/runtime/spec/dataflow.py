@@ -753,24 +753,7 @@ def validate_graph(nodes_doc: Any,
 
     ``validate_source(doc, path)`` checks a source node's own fields (rate, keys, …) and
     returns them cleaned; it is ``definition``'s, shared with chain pipelines."""
-    if not isinstance(nodes_doc, list) or not nodes_doc:
-        raise GraphError("nodes", "must be a non-empty list of operators")
-    if len(nodes_doc) > MAX_NODES:
-        raise GraphError("nodes", f"at most {MAX_NODES} nodes")
-    docs: dict[str, tuple[int, dict[str, Any]]] = {}
-    for i, raw in enumerate(nodes_doc):
-        doc = _obj(raw, f"nodes[{i}]")
-        node_id = doc.get("id")
-        if not isinstance(node_id, str) or not node_id.isidentifier():
-            raise GraphError(f"nodes[{i}].id", "must be a name (letters, digits, _), "
-                                               f"got {json.dumps(node_id)}")
-        if node_id in docs:
-            raise GraphError(f"nodes[{i}].id", f"{node_id!r} is used twice")
-        if doc.get("type") not in NODE_TYPES:
-            raise GraphError(f"nodes[{i}] ({node_id}).type",
-                             f"{json.dumps(doc.get('type'))} is not one of: "
-                             f"{', '.join(NODE_TYPES)}")
-        docs[node_id] = (i, doc)
+    docs = _node_docs(nodes_doc)
 
     def path_of(node_id: str) -> str:
         return f"nodes[{docs[node_id][0]}] ({node_id})"
@@ -831,6 +814,35 @@ def validate_graph(nodes_doc: Any,
     if unused:
         raise GraphError(path_of(unused[0]), "does not lead to the sink")
     graph = Graph(tuple(order))
+    _check_spark_shapes(graph)
+    return graph
+
+
+def _node_docs(nodes_doc: Any) -> dict[str, tuple[int, dict[str, Any]]]:
+    """Each node's document by id, with its index: ids unique names, types known."""
+    if not isinstance(nodes_doc, list) or not nodes_doc:
+        raise GraphError("nodes", "must be a non-empty list of operators")
+    if len(nodes_doc) > MAX_NODES:
+        raise GraphError("nodes", f"at most {MAX_NODES} nodes")
+    docs: dict[str, tuple[int, dict[str, Any]]] = {}
+    for i, raw in enumerate(nodes_doc):
+        doc = _obj(raw, f"nodes[{i}]")
+        node_id = doc.get("id")
+        if not isinstance(node_id, str) or not node_id.isidentifier():
+            raise GraphError(f"nodes[{i}].id", "must be a name (letters, digits, _), "
+                                               f"got {json.dumps(node_id)}")
+        if node_id in docs:
+            raise GraphError(f"nodes[{i}].id", f"{node_id!r} is used twice")
+        if doc.get("type") not in NODE_TYPES:
+            raise GraphError(f"nodes[{i}] ({node_id}).type",
+                             f"{json.dumps(doc.get('type'))} is not one of: "
+                             f"{', '.join(NODE_TYPES)}")
+        docs[node_id] = (i, doc)
+    return docs
+
+
+def _check_spark_shapes(graph: Graph) -> None:
+    """Shapes Spark refuses, refused here with its reason."""
     for node in graph.nodes:
         if node.type == "project" and "event_time" in node.params:
             for upstream in graph.ancestors(node.id):
@@ -844,7 +856,6 @@ def validate_graph(nodes_doc: Any,
                          "in update mode, and Spark runs several stateful operators in one "
                          "query only in append mode: use a window_aggregate, or make it the "
                          "only stateful node")
-    return graph
 
 
 # ------------------------------------------------------------------------ picture
@@ -994,50 +1005,12 @@ def validate_plan(doc: Any, graph: Graph, path: str = "plan") -> PePlan:
         return PePlan(default_pes(graph))
     doc = _obj(doc, path)
     _allowed(doc, path, {"pes", "partitions", "colocate", "exlocate"})
-    pairs: dict[str, tuple[tuple[str, str], ...]] = {}
-    for kind in ("colocate", "exlocate"):
-        raw = doc.get(kind, [])
-        if not isinstance(raw, list) or not all(
-                isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
-                for p in raw):
-            raise GraphError(f"{path}.{kind}", "must be a list of [operator, operator] "
-                                               "pairs")
-        for i, (a, b) in enumerate(raw):
-            for x in (a, b):
-                if x not in python:
-                    raise GraphError(f"{path}.{kind}[{i}]", f"{x!r} is not a python node "
-                                     f"(python nodes: {', '.join(python) or 'none'})")
-            if a == b:
-                raise GraphError(f"{path}.{kind}[{i}]", "names the same operator twice")
-        pairs[kind] = tuple((a, b) for a, b in raw)
+    pairs = {kind: _plan_pairs(doc.get(kind, []), f"{path}.{kind}", python)
+             for kind in ("colocate", "exlocate")}
     partitions = _int(doc, "partitions", path, 0, MAX_PARTITIONS, default=0)
     raw_pes = doc.get("pes")
-    if raw_pes is None:
-        pes = default_pes(graph)
-    else:
-        if not isinstance(raw_pes, list) or not all(
-                isinstance(pe, list) and pe and all(isinstance(x, str) for x in pe)
-                for pe in raw_pes):
-            raise GraphError(f"{path}.pes", "must be a list of PEs, each a non-empty list "
-                                            "of python node ids")
-        seen: set[str] = set()
-        for i, pe in enumerate(raw_pes):
-            for x in pe:
-                if x not in python:
-                    raise GraphError(f"{path}.pes[{i}]", f"{x!r} is not a python node "
-                                     f"(python nodes: {', '.join(python) or 'none'})")
-                if x in seen:
-                    raise GraphError(f"{path}.pes[{i}]", f"{x!r} is in two PEs")
-                seen.add(x)
-            for a, b in zip(pe, pe[1:]):
-                why = python_chain_breaks(graph, a, b)
-                if why:
-                    raise GraphError(f"{path}.pes[{i}]", f"a PE is a chain run in one "
-                                     f"mapInPandas, in order: {why}")
-        missing = [x for x in python if x not in seen]
-        if missing:
-            raise GraphError(f"{path}.pes", f"{', '.join(missing)} is in no PE")
-        pes = tuple(tuple(pe) for pe in raw_pes)
+    pes = default_pes(graph) if raw_pes is None else _plan_pes(raw_pes, f"{path}.pes",
+                                                                python, graph)
     plan = PePlan(pes, partitions, pairs["colocate"], pairs["exlocate"])
     for a, b in plan.colocate:
         if plan.pe_of(a) != plan.pe_of(b):
@@ -1046,3 +1019,49 @@ def validate_plan(doc: Any, graph: Graph, path: str = "plan") -> PePlan:
         if plan.pe_of(a) == plan.pe_of(b):
             raise GraphError(f"{path}.pes", f"{a} and {b} must not share a PE (exlocate)")
     return plan
+
+
+def _not_python(x: str, python: list[str]) -> str:
+    return f"{x!r} is not a python node (python nodes: {', '.join(python) or 'none'})"
+
+
+def _plan_pairs(raw: Any, path: str, python: list[str]) -> tuple[tuple[str, str], ...]:
+    """``colocate`` / ``exlocate``: pairs of distinct python nodes."""
+    if not isinstance(raw, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+            for p in raw):
+        raise GraphError(path, "must be a list of [operator, operator] pairs")
+    for i, (a, b) in enumerate(raw):
+        for x in (a, b):
+            if x not in python:
+                raise GraphError(f"{path}[{i}]", _not_python(x, python))
+        if a == b:
+            raise GraphError(f"{path}[{i}]", "names the same operator twice")
+    return tuple((a, b) for a, b in raw)
+
+
+def _plan_pes(raw: Any, path: str, python: list[str], graph: Graph
+              ) -> tuple[tuple[str, ...], ...]:
+    """``pes``: every python node in exactly one PE, each PE a chain in order."""
+    if not isinstance(raw, list) or not all(
+            isinstance(pe, list) and pe and all(isinstance(x, str) for x in pe)
+            for pe in raw):
+        raise GraphError(path, "must be a list of PEs, each a non-empty list of python "
+                               "node ids")
+    seen: set[str] = set()
+    for i, pe in enumerate(raw):
+        for x in pe:
+            if x not in python:
+                raise GraphError(f"{path}[{i}]", _not_python(x, python))
+            if x in seen:
+                raise GraphError(f"{path}[{i}]", f"{x!r} is in two PEs")
+            seen.add(x)
+        for a, b in zip(pe, pe[1:]):
+            why = python_chain_breaks(graph, a, b)
+            if why:
+                raise GraphError(f"{path}[{i}]", "a PE is a chain run in one mapInPandas, "
+                                                 f"in order: {why}")
+    missing = [x for x in python if x not in seen]
+    if missing:
+        raise GraphError(path, f"{', '.join(missing)} is in no PE")
+    return tuple(tuple(pe) for pe in raw)
