@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -231,58 +232,91 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
     watermarked: set[str] = set()  # nodes whose output carries a watermark already
     for node in graph.nodes:
         inputs = [graph.node(i) for i in node.inputs]
-        ins = [frames[i] for i in node.inputs]
-        p = node.params
-        if node.stateful:
-            # Each stateful operator's raw inputs get their watermark here, behind every
-            # filter and re-stamp of their branch: Spark refuses a watermark defined
-            # below another one, and keeps the minimum of a query's watermarks.
-            ins = [df_ if node_id in watermarked else
-                   df_.withWatermark("event_time", f"{spec.watermark_s} seconds")
-                   for node_id, df_ in zip(node.inputs, ins, strict=True)]
-            watermarked.add(node.id)
-        elif node.inputs and all(i in watermarked for i in node.inputs):
-            watermarked.add(node.id)
+        ins = _watermarked(node, [frames[i] for i in node.inputs], watermarked,
+                           spec.watermark_s)
         if node.type in dataflow.SOURCE_TYPES:
-            df = _source(spark, spec, t0, plan_dir, start, first_ends, gate)
-        elif node.type == "filter":
-            df = ins[0].where(_expr(p["where"], inputs[0].columns))
-        elif node.type == "project":
-            exprs = [_expr(e, inputs[0].columns).alias(n) for n, e in p["columns"].items()]
-            carried = [c for c in node.columns if c not in p["columns"]]
-            if "event_time" in p:  # re-stamped (validation: no stateful node above)
-                carried.remove("event_time")
-                exprs.append(F.timestamp_millis(_expr(p["event_time"], inputs[0].columns)
-                                                .cast("long")).alias("event_time"))
-            df = ins[0].select(*exprs, *[F.col(c) for c in carried])
+            frames[node.id] = _source(spark, spec, t0, plan_dir, start, first_ends, gate)
         elif node.type == "python":
-            df = _processing_element(ins[0], node, graph, spec, plan_dir, frames)
-        elif node.type == "keyed_aggregate":
-            aggs = [_aggregate(n, *spec) for n, spec in p["aggregates"].items()]
-            df = ins[0].groupBy(*p["key"]).agg(*aggs)
-        elif node.type == "window_aggregate":
-            aggs = [_aggregate(n, *spec) for n, spec in p["aggregates"].items()]
-            # Over another window's results: each row at its window's last instant.
-            time_col = F.window_time("window") if p.get("chained") else F.col("event_time")
-            df = (ins[0].groupBy(_window_column(p["window"], time_col).alias("window"),
-                                 *p["key"])
-                  .agg(*aggs, F.max("emit_ts").alias("emit_ts"))
-                  .withColumn("windowStart", _window_start_ms(F.col("window"))))
-        elif node.type == "window_top":
-            df = _window_top(ins[0], node, inputs)
-        elif node.type == "join":
-            df = _join(ins[0], ins[1], node, inputs)
-        elif node.type == "moving_mean":
-            from pipelines.runtime.operators import moving_mean
-
-            key_types = [inputs[0].columns[k] for k in p["key"]]
-            df = ins[0].groupBy(*p["key"]).transformWithStateInPandas(
-                moving_mean.make_processor(p["key"], p["value"], p["order"],
-                                           p["order_types"], p["last"]),
-                moving_mean.output_ddl(p["key"], key_types), "Append", "None")
-        else:  # sink: what reaches it is the query's output
-            df = ins[0]
-        frames[node.id] = df
+            frames[node.id] = _processing_element(ins[0], node, graph, spec, plan_dir,
+                                                  frames)
+        else:
+            frames[node.id] = COMPILERS[node.type](ins, node, inputs)
     out = frames[graph.sink.id]
     hidden = [c for c in ("window", "event_time") if c in graph.sink.columns]
     return out.drop(*hidden)
+
+
+def _watermarked(node: dataflow.Node, ins: list[DataFrame], watermarked: set[str],
+                 watermark_s: int) -> list[DataFrame]:
+    """A stateful operator's raw inputs get their watermark here, behind every filter and
+    re-stamp of their branch: Spark refuses a watermark defined below another one, and
+    keeps the minimum of a query's watermarks. ``watermarked`` learns ``node``."""
+    if node.stateful:
+        ins = [df_ if node_id in watermarked else
+               df_.withWatermark("event_time", f"{watermark_s} seconds")
+               for node_id, df_ in zip(node.inputs, ins, strict=True)]
+        watermarked.add(node.id)
+    elif node.inputs and all(i in watermarked for i in node.inputs):
+        watermarked.add(node.id)
+    return ins
+
+
+Compiler = Callable[[list[DataFrame], dataflow.Node, list[dataflow.Node]], DataFrame]
+
+
+def _filter(ins: list[DataFrame], node: dataflow.Node,
+            inputs: list[dataflow.Node]) -> DataFrame:
+    return ins[0].where(_expr(node.params["where"], inputs[0].columns))
+
+
+def _project(ins: list[DataFrame], node: dataflow.Node,
+             inputs: list[dataflow.Node]) -> DataFrame:
+    p = node.params
+    exprs = [_expr(e, inputs[0].columns).alias(n) for n, e in p["columns"].items()]
+    carried = [c for c in node.columns if c not in p["columns"]]
+    if "event_time" in p:  # re-stamped (validation: no stateful node above)
+        carried.remove("event_time")
+        exprs.append(F.timestamp_millis(_expr(p["event_time"], inputs[0].columns)
+                                        .cast("long")).alias("event_time"))
+    return ins[0].select(*exprs, *[F.col(c) for c in carried])
+
+
+def _keyed_aggregate(ins: list[DataFrame], node: dataflow.Node,
+                     _inputs: list[dataflow.Node]) -> DataFrame:
+    p = node.params
+    aggs = [_aggregate(n, *agg) for n, agg in p["aggregates"].items()]
+    return ins[0].groupBy(*p["key"]).agg(*aggs)
+
+
+def _window_aggregate(ins: list[DataFrame], node: dataflow.Node,
+                      _inputs: list[dataflow.Node]) -> DataFrame:
+    p = node.params
+    aggs = [_aggregate(n, *agg) for n, agg in p["aggregates"].items()]
+    # Over another window's results: each row at its window's last instant.
+    time_col = F.window_time("window") if p.get("chained") else F.col("event_time")
+    return (ins[0].groupBy(_window_column(p["window"], time_col).alias("window"), *p["key"])
+            .agg(*aggs, F.max("emit_ts").alias("emit_ts"))
+            .withColumn("windowStart", _window_start_ms(F.col("window"))))
+
+
+def _moving_mean(ins: list[DataFrame], node: dataflow.Node,
+                 inputs: list[dataflow.Node]) -> DataFrame:
+    from pipelines.runtime.operators import moving_mean
+
+    p = node.params
+    key_types = [inputs[0].columns[k] for k in p["key"]]
+    return ins[0].groupBy(*p["key"]).transformWithStateInPandas(
+        moving_mean.make_processor(p["key"], p["value"], p["order"], p["order_types"],
+                                   p["last"]),
+        moving_mean.output_ddl(p["key"], key_types), "Append", "None")
+
+
+# Each node type (but the source and the Python operators, compiled with the query's
+# context above) as a function of its inputs' frames; the sink passes on what reaches it.
+COMPILERS: dict[str, Compiler] = {
+    "filter": _filter, "project": _project, "keyed_aggregate": _keyed_aggregate,
+    "window_aggregate": _window_aggregate, "moving_mean": _moving_mean,
+    "window_top": lambda ins, node, inputs: _window_top(ins[0], node, inputs),
+    "join": lambda ins, node, inputs: _join(ins[0], ins[1], node, inputs),
+    "sink": lambda ins, _node, _inputs: ins[0],
+}

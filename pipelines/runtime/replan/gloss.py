@@ -667,6 +667,29 @@ def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
     # Whole buckets only: the span is measured at t_end, so a last bucket reaching past
     # it has not seen the commits due in its remainder (it read as downtime).
     n = max(1, math.floor((t_end - t_request) / width))
+    counts, worst = _bucket_records(batches, t_request, width, n)
+    baseline = _baseline_rate(before)
+    down_at = [round(i * width, 1) for i, c in enumerate(counts) if c == 0
+               and input_by(t_request + (i + 1) * width) > input_by(t_request + i * width)]
+    spread = [(b[0], b[1], b[3] if len(b) > 3 else None) for b in batches]
+    rates = throughput_per_second(spread, t_request, t_end, trigger_s)
+    disrupted_at = [i for i, r in enumerate(rates) if r < DISRUPTED_SHARE * baseline]
+    steady = throughput_per_second(spread, since, t_request, trigger_s) if before else []
+    steady_low = sum(1 for r in steady if r < DISRUPTED_SHARE * baseline)
+    return GlossMetrics(
+        downtime_s=len(down_at) * width,
+        disrupted_s=float(len(disrupted_at)), disrupted_at_s=disrupted_at,
+        disrupted_strict_s=float(sum(1 for r in rates if r < baseline)),
+        bucket_s=width, baseline_rate=round(baseline, 1), buckets=n, down_at_s=down_at,
+        baseline_disrupted_share=round(steady_low / len(steady), 3) if steady else 0.0,
+        baseline_busy_share=_busy_share(batches, since, t_request),
+        worst_p95_ms=round(worst, 1) if worst is not None else None)
+
+
+def _bucket_records(batches: Sequence[tuple[Any, ...]], t_request: float, width: float,
+                    n: int) -> tuple[list[int], float | None]:
+    """Records committed in each of the ``n`` buckets from ``t_request``, and the
+    worst p95 among their batches."""
     counts = [0] * n
     worst: float | None = None
     for t, records, p95, *_ in batches:
@@ -675,31 +698,27 @@ def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
             counts[i] += records
             if p95 is not None:
                 worst = p95 if worst is None else max(worst, p95)
-    if len(before) >= 2:
-        span = before[-1][0] - before[0][0]
-        baseline = sum(r for _, r in before[1:]) / span if span > 0 else 0.0
-    else:
-        baseline = 0.0
-    down_at = [round(i * width, 1) for i, c in enumerate(counts) if c == 0
-               and input_by(t_request + (i + 1) * width) > input_by(t_request + i * width)]
-    spread = [(b[0], b[1], b[3] if len(b) > 3 else None) for b in batches]
-    rates = throughput_per_second(spread, t_request, t_end, trigger_s)
-    disrupted_at = [i for i, r in enumerate(rates) if r < DISRUPTED_SHARE * baseline]
-    steady = throughput_per_second(spread, since, t_request, trigger_s) if before else []
-    steady_low = sum(1 for r in steady if r < DISRUPTED_SHARE * baseline)
+    return counts, worst
+
+
+def _baseline_rate(before: list[tuple[float, int]]) -> float:
+    """Records/s over the batches before the request (the first one opens the span)."""
+    if len(before) < 2:
+        return 0.0
+    span = before[-1][0] - before[0][0]
+    return sum(r for _, r in before[1:]) / span if span > 0 else 0.0
+
+
+def _busy_share(batches: Sequence[tuple[Any, ...]], since: float,
+                t_request: float) -> float | None:
+    """The share of the time before the request in which a batch ran (batches with a
+    start time), or None."""
     ran = [(b[3], b[0]) for b in batches
            if len(b) > 3 and b[3] is not None and since <= b[3] and b[0] < t_request]
     window = (ran[-1][1] - ran[0][0]) if ran else 0.0
-    busy = (round(sum(c - s for s, c in ran) / window, 3) if len(ran) >= 2 and window > 0
-            else None)
-    return GlossMetrics(
-        downtime_s=len(down_at) * width,
-        disrupted_s=float(len(disrupted_at)), disrupted_at_s=disrupted_at,
-        disrupted_strict_s=float(sum(1 for r in rates if r < baseline)),
-        bucket_s=width, baseline_rate=round(baseline, 1), buckets=n, down_at_s=down_at,
-        baseline_disrupted_share=round(steady_low / len(steady), 3) if steady else 0.0,
-        baseline_busy_share=busy,
-        worst_p95_ms=round(worst, 1) if worst is not None else None)
+    if len(ran) < 2 or window <= 0:
+        return None
+    return round(sum(c - s for s, c in ran) / window, 3)
 
 
 def throttle_pause(overlap_s: float, batch_s: float) -> float:
