@@ -220,37 +220,24 @@ class BatchMetrics:
         task_ms = {g: t.run_ms for g, t in tasks.tasks.items()}
         table = self.placed_for.get(batch) or self.routing.snapshot()
         drifted = [g for g, e in ran_on.items() if table[g] is not None and table[g] != e]
-        operators = placement.operator_state_bytes(self.checkpoint, groups)
-        self.group_bytes = ([sum(op.bytes[g] for op in operators) for g in range(groups)]
-                            if operators else placement.state_bytes(self.checkpoint, groups))
-        labels = placement.operator_labels(self.stateful_nodes, operators)
+        operator_bytes = self._state_sizes()
         if len(task_ms) == groups:
             self.group_ms.append([task_ms[g] for g in range(groups)])
-        # Groups whose task ran on another executor than in the previous batch: planned
-        # moves plus any Spark made by itself (each one reloads state).
-        previous = self.last_ran_on
-        group_moves = sum(1 for g, e in ran_on.items() if g in previous and previous[g] != e)
-        self.last_ran_on = {**previous, **ran_on}
-        active = self.routing.active
         record.update({
             "placement": table,
             "ran_on": [ran_on.get(g) for g in range(groups)],
             "drift": len(drifted),
-            "group_moves": group_moves,
+            "group_moves": self._moves(ran_on),
             "group_ms": [task_ms.get(g) for g in range(groups)],
             "task_ms_total": tasks.run_ms_total,
             "group_records": [tasks.tasks[g].records if g in tasks.tasks else None
                               for g in range(groups)],
             "group_bytes": self.group_bytes,
-            "operator_bytes": [{"operator": label, "bytes": op.bytes}
-                               for label, op in zip(labels, operators, strict=True)],
+            "operator_bytes": operator_bytes,
             "failed_tasks": tasks.failed_tasks,
             # Where each executor that ran a group lives: the placement card names it.
             "executor_hosts": {t.executor: t.host for t in tasks.tasks.values() if t.host},
-            "migration": ({"id": active.id, "reason": active.reason,
-                           "strategy": active.strategy, "steps": len(active.steps),
-                           "applied": active.next_step} if active is not None
-                          and not active.done.is_set() else None),
+            "migration": self._migration_now(),
         })
         if drifted:
             self.bus.publish_event(RunnerEvent.PLACEMENT_DRIFT, batch_id=batch, groups=drifted,
@@ -262,6 +249,33 @@ class BatchMetrics:
                                    steps=len(migration.steps), **step.as_dict())
             if migration.done.is_set():
                 self.bus.publish_event(RunnerEvent.MIGRATION_DONE, **migration.summary())
+
+    def _state_sizes(self) -> list[dict[str, Any]]:
+        """Each stateful operator's state per key group, named by its node; the groups'
+        totals kept in ``group_bytes`` (what migrations are paced by)."""
+        groups = self.spec.key_groups
+        operators = placement.operator_state_bytes(self.checkpoint, groups)
+        self.group_bytes = ([sum(op.bytes[g] for op in operators) for g in range(groups)]
+                            if operators else placement.state_bytes(self.checkpoint, groups))
+        labels = placement.operator_labels(self.stateful_nodes, operators)
+        return [{"operator": label, "bytes": op.bytes}
+                for label, op in zip(labels, operators, strict=True)]
+
+    def _moves(self, ran_on: dict[int, str]) -> int:
+        """Groups whose task ran on another executor than in the previous batch: planned
+        moves plus any Spark made by itself (each one reloads state)."""
+        previous = self.last_ran_on
+        moved = sum(1 for g, e in ran_on.items() if g in previous and previous[g] != e)
+        self.last_ran_on = {**previous, **ran_on}
+        return moved
+
+    def _migration_now(self) -> dict[str, Any] | None:
+        """The migration under way, as the batch's record names it."""
+        active = self.routing.active
+        if active is None or active.done.is_set():
+            return None
+        return {"id": active.id, "reason": active.reason, "strategy": active.strategy,
+                "steps": len(active.steps), "applied": active.next_step}
 
     def loads(self) -> list[float]:
         """Per-group load: mean task run time over the last batches (thesis §6.4.3's
