@@ -47,14 +47,7 @@ def build_problem(doc: Any) -> tuple[mpc.MpcProblem, list[float], str]:
     """The MPC problem of a ``decide`` document (see control/README.md)."""
     if not isinstance(doc, dict):
         raise InputError("the input must be a JSON object")
-    name = _need(doc, "strategy", str, "")
-    if name not in mpc.THESIS_STRATEGIES:
-        raise InputError(f"strategy must be one of {sorted(mpc.THESIS_STRATEGIES)}")
-    params = dict(mpc.THESIS_STRATEGIES[name])
-    overrides = doc.get("params", {})
-    if not isinstance(overrides, dict) or set(overrides) - MPC_FIELDS:
-        raise InputError(f"params may only set {sorted(MPC_FIELDS)}")
-    params.update(overrides)
+    name, params = _strategy(doc)
     current = _need(doc, "current", dict, "")
     lo, hi = _need(doc, "workers", list, "")[:2] if len(doc.get("workers", [])) == 2 else (0, 0)
     if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi <= 1024):
@@ -64,6 +57,38 @@ def build_problem(doc: Any) -> tuple[mpc.MpcProblem, list[float], str]:
             isinstance(f, (int, float)) and f > 0 for f in freqs):
         raise InputError("freqs_ghz must be a non-empty list of positive numbers")
     obs = _need(doc, "observation", dict, "")
+    forecast = _forecast(doc, obs)
+    try:
+        problem = mpc.MpcProblem(
+            worker_options=tuple(range(lo, hi + 1)),
+            freq_options=mpc.strategy_freqs(name, tuple(sorted(float(f) for f in freqs))),
+            current=mpc.Config(int(_need(current, "workers", int, "current.")),
+                               float(_need(current, "freq_ghz", (int, float), "current."))),
+            rate_forecast=tuple(forecast),
+            comp_time_s=float(_need(obs, "comp_time_s", (int, float), "observation.")),
+            f_measured=float(obs.get("f_measured", max(freqs))),
+            **params)
+        problem.validate()
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(exc)) from exc
+    return problem, forecast, name
+
+
+def _strategy(doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The thesis strategy the document names, with its parameters overridden."""
+    name = _need(doc, "strategy", str, "")
+    if name not in mpc.THESIS_STRATEGIES:
+        raise InputError(f"strategy must be one of {sorted(mpc.THESIS_STRATEGIES)}")
+    params = dict(mpc.THESIS_STRATEGIES[name])
+    overrides = doc.get("params", {})
+    if not isinstance(overrides, dict) or set(overrides) - MPC_FIELDS:
+        raise InputError(f"params may only set {sorted(MPC_FIELDS)}")
+    params.update(overrides)
+    return name, params
+
+
+def _forecast(doc: dict[str, Any], obs: dict[str, Any]) -> list[float]:
+    """The rates over the horizon: the document's forecaster fed its rate history."""
     history = _need(obs, "rate_history", list, "observation.")
     if not history or not all(isinstance(x, (int, float)) and x >= 0 for x in history):
         raise InputError("observation.rate_history must be a non-empty list of rates >= 0")
@@ -81,21 +106,7 @@ def build_problem(doc: Any) -> tuple[mpc.MpcProblem, list[float], str]:
         raise InputError(f"forecaster: {exc}") from exc
     for x in history:
         forecaster.observe(float(x))
-    forecast = [max(r, 0.0) for r in forecaster.forecast(horizon)]
-    try:
-        problem = mpc.MpcProblem(
-            worker_options=tuple(range(lo, hi + 1)),
-            freq_options=mpc.strategy_freqs(name, tuple(sorted(float(f) for f in freqs))),
-            current=mpc.Config(int(_need(current, "workers", int, "current.")),
-                               float(_need(current, "freq_ghz", (int, float), "current."))),
-            rate_forecast=tuple(forecast),
-            comp_time_s=float(_need(obs, "comp_time_s", (int, float), "observation.")),
-            f_measured=float(obs.get("f_measured", max(freqs))),
-            **params)
-        problem.validate()
-    except (TypeError, ValueError) as exc:
-        raise InputError(str(exc)) from exc
-    return problem, forecast, name
+    return [max(r, 0.0) for r in forecaster.forecast(horizon)]
 
 
 def cmd_decide(args: argparse.Namespace) -> int:

@@ -83,6 +83,16 @@ def fit_run(run: int, batches: Sequence[Mapping[str, Any]], step_s: float,
             f"run {run}: {len(model.history)} batches past its first {WARMUP_BATCHES} "
             f"(without failures or migration steps); a calibration needs {MIN_BATCHES}")
     model.fit()
+    rates = _step_rates(ordered, step_s)
+    if not any(rates):
+        raise ScenarioError(f"run {run}: its batches report no arrival rate")
+    return RunFit(run=run, overhead_s=model.overhead_s, cost_per_record_s=model.cost_s,
+                  slope_measured=model.slope_measured, batches=len(model.history),
+                  rates=rates, step_s=step_s, freqs_ghz=freqs, f_max=f_max)
+
+
+def _step_rates(ordered: Sequence[Mapping[str, Any]], step_s: float) -> list[float]:
+    """The batches' arrival rates, averaged per control step of ``step_s``."""
     t0 = float(ordered[0]["t"])
     span = float(ordered[-1]["t"]) - t0
     steps = min(int(span // step_s) + 1, MAX_STEPS)
@@ -97,11 +107,7 @@ def fit_run(run: int, batches: Sequence[Mapping[str, Any]], step_s: float,
         # A step in which no batch committed (one batch can outlast a step) carries the
         # rate of the step before it.
         rates.append(statistics.fmean(values) if values else (rates[-1] if rates else 0.0))
-    if not any(rates):
-        raise ScenarioError(f"run {run}: its batches report no arrival rate")
-    return RunFit(run=run, overhead_s=model.overhead_s, cost_per_record_s=model.cost_s,
-                  slope_measured=model.slope_measured, batches=len(model.history),
-                  rates=rates, step_s=step_s, freqs_ghz=freqs, f_max=f_max)
+    return rates
 
 
 def apply_fit(scenario: dict[str, Any], fit: RunFit, latency_bound_ms: float,
