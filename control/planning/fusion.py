@@ -39,7 +39,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,19 +114,7 @@ def parse_problem(doc: object) -> FusionProblem:
     """The CLI document → FusionProblem, with a one-line error naming the field."""
     if not isinstance(doc, dict):
         raise PlanningError("input must be a JSON object")
-    ops = doc.get("operators")
-    if not isinstance(ops, list) or not ops:
-        raise PlanningError("operators: need a non-empty list of {id, cpu}")
-    ids: list[str] = []
-    cpu: list[float] = []
-    for i, op in enumerate(ops):
-        if not isinstance(op, dict) or "id" not in op:
-            raise PlanningError(f"operators[{i}]: need an object with id and cpu")
-        c = op.get("cpu")
-        if not _number(c) or c < 0:
-            raise PlanningError(f"operators[{i}].cpu: must be a number >= 0")
-        ids.append(str(op["id"]))
-        cpu.append(float(c))
+    ids, cpu = _named_numbers(doc.get("operators"), "operators", "cpu", 0.0, strict=False)
     if len(set(ids)) != len(ids):
         raise PlanningError("operators: ids must be unique")
     index = {op: i for i, op in enumerate(ids)}
@@ -144,29 +133,9 @@ def parse_problem(doc: object) -> FusionProblem:
             raise PlanningError(f"edges[{i}].traffic: must be a number >= 0")
         edges.append((ref(e.get("src"), f"edges[{i}].src"), ref(e.get("dst"), f"edges[{i}].dst"),
                       float(t)))
-    hosts = doc.get("hosts")
-    if not isinstance(hosts, list) or not hosts:
-        raise PlanningError("hosts: need a non-empty list of {id, capacity}")
-    host_ids, caps = [], []
-    for i, h in enumerate(hosts):
-        if not isinstance(h, dict) or "id" not in h:
-            raise PlanningError(f"hosts[{i}]: need an object with id and capacity")
-        c = h.get("capacity")
-        if not _number(c) or c <= 0:
-            raise PlanningError(f"hosts[{i}].capacity: must be a number > 0")
-        host_ids.append(str(h["id"]))
-        caps.append(float(c))
-    pairs = {}
-    for name in ("colocate", "exlocate"):
-        out = []
-        for i, p in enumerate(doc.get(name, [])):
-            if not isinstance(p, list) or len(p) != 2:
-                raise PlanningError(f"{name}[{i}]: need a pair [a, b]")
-            a, b = ref(p[0], f"{name}[{i}][0]"), ref(p[1], f"{name}[{i}][1]")
-            if a == b:
-                raise PlanningError(f"{name}[{i}]: a pair of two different operators")
-            out.append((a, b))
-        pairs[name] = tuple(out)
+    host_ids, caps = _named_numbers(doc.get("hosts"), "hosts", "capacity", 0.0, strict=True)
+    pairs = {name: _operator_pairs(doc.get(name, []), name, ref)
+             for name in ("colocate", "exlocate")}
     limit = doc.get("max_pe_cpu")
     if limit is not None and (not _number(limit) or limit <= 0):
         raise PlanningError("max_pe_cpu: must be a number > 0 (or absent)")
@@ -179,6 +148,38 @@ def parse_problem(doc: object) -> FusionProblem:
             raise PlanningError(f"exlocate: {ids[a]} and {ids[b]} must also be colocated "
                                 "(through colocate pairs): no valid plan exists")
     return problem
+
+
+def _named_numbers(items: object, name: str, field: str, low: float, strict: bool
+                   ) -> tuple[list[str], list[float]]:
+    """``[{id, <field>}, ...]`` as ids and numbers (>= ``low``, or > with ``strict``)."""
+    if not isinstance(items, list) or not items:
+        raise PlanningError(f"{name}: need a non-empty list of {{id, {field}}}")
+    ids: list[str] = []
+    values: list[float] = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or "id" not in item:
+            raise PlanningError(f"{name}[{i}]: need an object with id and {field}")
+        v = item.get(field)
+        if not _number(v) or (v <= low if strict else v < low):
+            raise PlanningError(f"{name}[{i}].{field}: must be a number "
+                                f"{'>' if strict else '>='} {low:g}")
+        ids.append(str(item["id"]))
+        values.append(float(v))
+    return ids, values
+
+
+def _operator_pairs(raw: Any, name: str, ref: Callable[[object, str], int]
+                    ) -> tuple[tuple[int, int], ...]:
+    out = []
+    for i, p in enumerate(raw):
+        if not isinstance(p, list) or len(p) != 2:
+            raise PlanningError(f"{name}[{i}]: need a pair [a, b]")
+        a, b = ref(p[0], f"{name}[{i}][0]"), ref(p[1], f"{name}[{i}][1]")
+        if a == b:
+            raise PlanningError(f"{name}[{i}]: a pair of two different operators")
+        out.append((a, b))
+    return tuple(out)
 
 
 def _number(v: object) -> bool:
@@ -552,35 +553,40 @@ def _split_until_feasible(problem: FusionProblem, ev: Evaluator, atoms: list[lis
         ok, reason, place, loads, sizes = ev.check(op_pes)
         if ok:
             return op_pes, splits, ""
-        # Oracle: exlocation first (Advanced COLA phase 1), then max PE CPU, then the
-        # largest PE with more than one atom (Basic COLA) — or, the paper's alternative,
-        # the largest multi-atom PE on the most over-utilised host.
-        target, separate = None, ()
-        for i, pe in enumerate(op_pes):
-            if ev.exlocation_violated(pe):
-                target = i
-                separate = tuple((a, b) for a, b in problem.exlocate
-                                 if a in set(pe) and b in set(pe))
-                break
-        if target is None and problem.max_pe_cpu is not None:
-            over = [i for i in range(len(pes)) if sizes[i] > problem.max_pe_cpu * (1 + 1e-9)]
-            if over:
-                target = max(over, key=lambda i: sizes[i])
-        if target is None:
-            multi = [i for i in range(len(pes)) if len(pes[i]) > 1]
-            if multi and oracle == "most-loaded-host" and place:
-                util = [loads[h] / ev.capacity[h] for h in range(len(loads))]
-                hot = max(range(len(util)), key=lambda h: util[h])
-                on_hot = [i for i in multi if place[i] == hot]
-                multi = on_hot or multi
-            if multi:
-                target = max(multi, key=lambda i: (sizes[i], -i))
+        target, separate = _oracle(problem, ev, pes, op_pes, oracle, place, loads, sizes)
         if target is None or len(pes[target]) < 2:
             return None, splits, reason
         pe = pes[target]
         left, right = split_pe(ev, [atoms[a] for a in pe], separate, roots)
         pes[target:target + 1] = [[pe[i] for i in left], [pe[i] for i in right]]
         splits += 1
+
+
+def _oracle(problem: FusionProblem, ev: Evaluator, pes: list[list[int]],
+            op_pes: list[list[int]], oracle: str, place: Sequence[int] | None,
+            loads: Sequence[float], sizes: Sequence[float]
+            ) -> tuple[int | None, tuple[tuple[int, int], ...]]:
+    """The PE to split next, and the exlocated pairs the split must separate: exlocation
+    first (Advanced COLA phase 1), then max PE CPU, then the largest PE with more than
+    one atom (Basic COLA) — or, the paper's alternative, the largest multi-atom PE on the
+    most over-utilised host."""
+    for i, pe in enumerate(op_pes):
+        if ev.exlocation_violated(pe):
+            members = set(pe)
+            return i, tuple((a, b) for a, b in problem.exlocate
+                            if a in members and b in members)
+    if problem.max_pe_cpu is not None:
+        over = [i for i in range(len(pes)) if sizes[i] > problem.max_pe_cpu * (1 + 1e-9)]
+        if over:
+            return max(over, key=lambda i: sizes[i]), ()
+    multi = [i for i in range(len(pes)) if len(pes[i]) > 1]
+    if multi and oracle == "most-loaded-host" and place:
+        util = [loads[h] / ev.capacity[h] for h in range(len(loads))]
+        hot = max(range(len(util)), key=lambda h: util[h])
+        multi = [i for i in multi if place[i] == hot] or multi
+    if multi:
+        return max(multi, key=lambda i: (sizes[i], -i)), ()
+    return None, ()
 
 
 def _post_process(ev: Evaluator, op_pes: list[list[int]], atoms: Sequence[Sequence[int]],
@@ -683,49 +689,66 @@ def _resplit_pairs(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence
     all_adj = _atom_adjacency(ev, atoms)  # once; each pair's union is a slice of it
     all_weight = np.array([ev.cpu[list(a)].sum() for a in atoms]) + 1e-9
     for _ in range(max_rounds):
-        improved = False
         for a, b in _pairs_by_traffic(ev, pes):
             union = sorted({atom_of[op] for op in pes[a] + pes[b]})
-            k = len(union)
-            adj = all_adj[np.ix_(union, union)]
-            weight = all_weight[union]
-            current = float(ev.adj[np.ix_(pes[a], pes[b])].sum())
-            orders = []
-            lap = np.diag(adj.sum(axis=1)) - adj
-            if k > 2:
-                orders.append(np.argsort(np.linalg.eigh(lap)[1][:, 1], kind="stable"))
-            for r in np.argsort(-weight, kind="stable")[:8]:
-                d = _distances(adj, int(r))
-                d[np.isinf(d)] = d[np.isfinite(d)].max() + 1
-                orders.append(np.argsort(d, kind="stable"))
-            best: tuple[float, list[int], list[int]] | None = None
             others = [pe for i, pe in enumerate(pes) if i not in (a, b)]
-            for order in orders:
-                side = np.zeros(k, dtype=bool)
-                cut = 0.0
-                for pos in range(k - 1):
-                    v = order[pos]
-                    cut += adj[v].sum() - 2 * adj[v, side].sum()
-                    side[v] = True
-                    if cut >= current - 1e-9 or (best and cut >= best[0] - 1e-12):
-                        continue
-                    left = [union[i] for i in range(k) if side[i]]
-                    right = [union[i] for i in range(k) if not side[i]]
-                    if any(x in ex_atoms.get(y, ()) for y in left for x in left) or any(
-                            x in ex_atoms.get(y, ()) for y in right for x in right):
-                        continue
-                    trial = others + [[op for i in left for op in atoms[i]],
-                                      [op for i in right for op in atoms[i]]]
-                    if ev.check(trial)[0]:
-                        best = (cut, left, right)
+            current = float(ev.adj[np.ix_(pes[a], pes[b])].sum())
+            best = _best_resplit(ev, atoms, union, others, current,
+                                 all_adj[np.ix_(union, union)], all_weight[union], ex_atoms)
             if best is not None:
-                pes = others + [[op for i in best[1] for op in atoms[i]],
-                                [op for i in best[2] for op in atoms[i]]]
-                improved = True
+                pes = others + best
                 break
-        if not improved:
+        else:
             break
     return pes
+
+
+def _sweep_orders(adj: np.ndarray, weight: np.ndarray) -> list[np.ndarray]:
+    """Orders of a union's atoms to sweep: by its Fiedler vector, and by the distance
+    from each of its heaviest atoms."""
+    orders = []
+    if len(adj) > 2:
+        lap = np.diag(adj.sum(axis=1)) - adj
+        orders.append(np.argsort(np.linalg.eigh(lap)[1][:, 1], kind="stable"))
+    for r in np.argsort(-weight, kind="stable")[:8]:
+        d = _distances(adj, int(r))
+        d[np.isinf(d)] = d[np.isfinite(d)].max() + 1
+        orders.append(np.argsort(d, kind="stable"))
+    return orders
+
+
+def _best_resplit(ev: Evaluator, atoms: Sequence[Sequence[int]], union: list[int],
+                  others: list[list[int]], current: float, adj: np.ndarray,
+                  weight: np.ndarray, ex_atoms: dict[int, set[int]]
+                  ) -> list[list[int]] | None:
+    """The two PEs (operator lists) of the feasible prefix split of ``union`` with the
+    least traffic between them, below ``current``; None if none is."""
+    k = len(union)
+    best: tuple[float, list[int], list[int]] | None = None
+    for order in _sweep_orders(adj, weight):
+        side = np.zeros(k, dtype=bool)
+        cut = 0.0
+        for pos in range(k - 1):
+            v = order[pos]
+            cut += adj[v].sum() - 2 * adj[v, side].sum()
+            side[v] = True
+            if cut >= current - 1e-9 or (best and cut >= best[0] - 1e-12):
+                continue
+            left = [union[i] for i in range(k) if side[i]]
+            right = [union[i] for i in range(k) if not side[i]]
+            if _exlocated_together(left, ex_atoms) or _exlocated_together(right, ex_atoms):
+                continue
+            halves = [[op for i in left for op in atoms[i]],
+                      [op for i in right for op in atoms[i]]]
+            if ev.check(others + halves)[0]:
+                best = (cut, left, right)
+    if best is None:
+        return None
+    return [[op for i in best[1] for op in atoms[i]], [op for i in best[2] for op in atoms[i]]]
+
+
+def _exlocated_together(side: list[int], ex_atoms: dict[int, set[int]]) -> bool:
+    return any(x in ex_atoms.get(y, ()) for y in side for x in side)
 
 
 def _fm_refine(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int]],
@@ -734,106 +757,148 @@ def _fm_refine(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int
     cuts are approximate). In a pass every atom moves at most once, always the best-gain
     move that keeps the plan feasible (gain may be negative, to climb out of local
     minima); the pass then rolls back to its best prefix. Stops when a pass gains
-    nothing. Gains come from an atom×PE link matrix updated per move."""
+    nothing. Gains come from an atom×PE link matrix updated per move. Then pair swaps."""
     pes = [list(pe) for pe in pes] + [[] for _ in range(spare)]  # room for new PEs
-    n_atoms, k = len(atoms), len(pes)
-    if k < 2:
+    if len(pes) < 2:
         return [[op for a in pe for op in atoms[a]] for pe in pes if pe]
-    atom_adj = _atom_adjacency(ev, atoms)
-    where = np.empty(n_atoms, dtype=int)
-    for q, pe in enumerate(pes):
-        if pe:
-            where[pe] = q
-    ex_atoms = _exlocated_atoms(ev, atoms)
-    limit = ev.problem.max_pe_cpu
-
-    def members(q: int) -> list[int]:
-        return [op for a in np.nonzero(where == q)[0] for op in atoms[a]]
-
-    def feasible(sizes: list[float]) -> bool:
-        live = [x for x in sizes if x > 0]
-        if limit is not None and any(x > limit * (1 + 1e-9) for x in live):
-            return False
-        _, loads = ev.lpt(live)
-        return all(ld <= c * (1 + 1e-9) for ld, c in zip(loads, ev.capacity, strict=True))
-
-    sizes = [ev.pe_size(members(q)) if (where == q).any() else 0.0 for q in range(k)]
+    refiner = _KWayRefiner(ev, pes, atoms)
     for _ in range(passes):
-        links = np.zeros((n_atoms, k))
-        for q in range(k):
-            links[:, q] = atom_adj[:, where == q].sum(axis=1)
-        locked = np.zeros(n_atoms, dtype=bool)
-        history: list[tuple[int, int, int, float]] = []  # atom, from, to, gain
-        total, best_total, best_len = 0.0, 0.0, 0
-        for _step in range(n_atoms):
-            own = links[np.arange(n_atoms), where]
-            gain = links - own[:, None]
-            gain[np.arange(n_atoms), where] = -np.inf
-            gain[locked] = -np.inf
-            moved = False
-            for flat in np.argsort(-gain, axis=None)[: 4 * k + 8]:
-                a, q = divmod(int(flat), k)
-                if not np.isfinite(gain[a, q]):
-                    break
-                if any(where[b] == q for b in ex_atoms.get(a, ())):
-                    continue
-                p = int(where[a])
-                where[a] = q
-                trial = list(sizes)
-                trial[p] = ev.pe_size(members(p)) if (where == p).any() else 0.0
-                trial[q] = ev.pe_size(members(q))
-                if feasible(trial):
-                    sizes = trial
-                    links[:, p] -= atom_adj[:, a]
-                    links[:, q] += atom_adj[:, a]
-                    locked[a] = True
-                    total += float(gain[a, q])
-                    history.append((a, p, q, float(gain[a, q])))
-                    if total > best_total + 1e-12:
-                        best_total, best_len = total, len(history)
-                    moved = True
-                    break
-                where[a] = p
-            if not moved:
-                break
-        for a, p, _q, _g in reversed(history[best_len:]):  # roll back past the best
-            where[a] = p
-        sizes = [ev.pe_size(members(q)) if (where == q).any() else 0.0 for q in range(k)]
-        if best_total <= 1e-12:
+        if refiner.fm_pass() <= 1e-12:
             break
-    # Pair swaps: when hosts are nearly full a single move rarely fits, but exchanging
-    # two atoms between PEs can (gain: both moves minus the edge between them).
-    for _ in range(n_atoms):
-        links = np.zeros((n_atoms, k))
-        for q in range(k):
-            links[:, q] = atom_adj[:, where == q].sum(axis=1)
-        own = links[np.arange(n_atoms), where]
-        boundary = [a for a in range(n_atoms) if (links[a] > own[a] - 1e-12).sum() > 1
+    for _ in range(len(atoms)):
+        if not refiner.swap_pair():
+            break
+    return [refiner.members(q) for q in range(refiner.k) if (refiner.where == q).any()]
+
+
+class _KWayRefiner:
+    """A k-way partition of atoms into PEs (``where[a]``: atom a's PE) with each PE's
+    size, refined by single moves (FM passes) and pair swaps that keep it feasible."""
+
+    def __init__(self, ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int]]
+                 ) -> None:
+        self.ev, self.atoms = ev, atoms
+        self.n, self.k = len(atoms), len(pes)
+        self.adj = _atom_adjacency(ev, atoms)
+        self.where = np.empty(self.n, dtype=int)
+        for q, pe in enumerate(pes):
+            if pe:
+                self.where[pe] = q
+        self.ex_atoms = _exlocated_atoms(ev, atoms)
+        self.limit = ev.problem.max_pe_cpu
+        self.sizes = self._all_sizes()
+
+    def members(self, q: int) -> list[int]:
+        return [op for a in np.nonzero(self.where == q)[0] for op in self.atoms[a]]
+
+    def _size(self, q: int) -> float:
+        return self.ev.pe_size(self.members(q)) if (self.where == q).any() else 0.0
+
+    def _all_sizes(self) -> list[float]:
+        return [self._size(q) for q in range(self.k)]
+
+    def feasible(self, sizes: list[float]) -> bool:
+        live = [x for x in sizes if x > 0]
+        if self.limit is not None and any(x > self.limit * (1 + 1e-9) for x in live):
+            return False
+        _, loads = self.ev.lpt(live)
+        return all(ld <= c * (1 + 1e-9) for ld, c in zip(loads, self.ev.capacity, strict=True))
+
+    def _links(self) -> np.ndarray:
+        """links[a, q]: the edge weight between atom a and the atoms of PE q."""
+        links = np.zeros((self.n, self.k))
+        for q in range(self.k):
+            links[:, q] = self.adj[:, self.where == q].sum(axis=1)
+        return links
+
+    def _exlocated_in(self, a: int, q: int, but: int | None = None) -> bool:
+        return any(self.where[b] == q for b in self.ex_atoms.get(a, ()) if b != but)
+
+    def fm_pass(self) -> float:
+        """One FM pass, rolled back to its best prefix; the gain it kept."""
+        links = self._links()
+        locked = np.zeros(self.n, dtype=bool)
+        history: list[tuple[int, int]] = []  # atom, the PE it left
+        total, best_total, best_len = 0.0, 0.0, 0
+        for _step in range(self.n):
+            gained = self._best_move(links, locked)
+            if gained is None:
+                break
+            a, p, gain = gained
+            total += gain
+            history.append((a, p))
+            if total > best_total + 1e-12:
+                best_total, best_len = total, len(history)
+        for a, p in reversed(history[best_len:]):  # roll back past the best
+            self.where[a] = p
+        self.sizes = self._all_sizes()
+        return best_total
+
+    def _best_move(self, links: np.ndarray, locked: np.ndarray
+                   ) -> tuple[int, int, float] | None:
+        """Make the best-gain feasible move of an unlocked atom (among the best few):
+        (atom, the PE it left, its gain), or None when none fits."""
+        rows = np.arange(self.n)
+        own = links[rows, self.where]
+        gain = links - own[:, None]
+        gain[rows, self.where] = -np.inf
+        gain[locked] = -np.inf
+        for flat in np.argsort(-gain, axis=None)[: 4 * self.k + 8]:
+            a, q = divmod(int(flat), self.k)
+            if not np.isfinite(gain[a, q]):
+                return None
+            if self._exlocated_in(a, q):
+                continue
+            p = int(self.where[a])
+            self.where[a] = q
+            trial = list(self.sizes)
+            trial[p], trial[q] = self._size(p), self.ev.pe_size(self.members(q))
+            if self.feasible(trial):
+                self.sizes = trial
+                links[:, p] -= self.adj[:, a]
+                links[:, q] += self.adj[:, a]
+                locked[a] = True
+                return a, p, float(gain[a, q])
+            self.where[a] = p
+        return None
+
+    def swap_pair(self) -> bool:
+        """Exchange the two atoms of different PEs whose swap gains most and stays
+        feasible (when hosts are nearly full a single move rarely fits, but a swap can;
+        gain: both moves minus the edge between them). False when none gains."""
+        links = self._links()
+        own = links[np.arange(self.n), self.where]
+        boundary = [a for a in range(self.n) if (links[a] > own[a] - 1e-12).sum() > 1
                     or links[a].sum() > own[a]]
         best: tuple[float, int, int] | None = None
         for i, a in enumerate(boundary):
             for b in boundary[i + 1:]:
-                pa, pb = int(where[a]), int(where[b])
+                pa, pb = int(self.where[a]), int(self.where[b])
                 if pa == pb:
                     continue
-                gain = (links[a, pb] - own[a]) + (links[b, pa] - own[b]) - 2 * atom_adj[a, b]
-                if gain > 1e-9 and (best is None or gain > best[0]):
-                    if any(where[c] == pb for c in ex_atoms.get(a, ()) if c != b) or any(
-                            where[c] == pa for c in ex_atoms.get(b, ()) if c != a):
-                        continue
-                    where[a], where[b] = pb, pa
-                    trial = list(sizes)
-                    trial[pa], trial[pb] = ev.pe_size(members(pa)), ev.pe_size(members(pb))
-                    if feasible(trial):
-                        best = (gain, a, b)
-                    where[a], where[b] = pa, pb
+                gain = (links[a, pb] - own[a]) + (links[b, pa] - own[b]) - 2 * self.adj[a, b]
+                if gain > 1e-9 and (best is None or gain > best[0]) \
+                        and self._swap_fits(a, b, pa, pb):
+                    best = (gain, a, b)
         if best is None:
-            break
+            return False
         _, a, b = best
-        pa, pb = int(where[a]), int(where[b])
-        where[a], where[b] = pb, pa
-        sizes[pa], sizes[pb] = ev.pe_size(members(pa)), ev.pe_size(members(pb))
-    return [members(q) for q in range(k) if (where == q).any()]
+        pa, pb = int(self.where[a]), int(self.where[b])
+        self.where[a], self.where[b] = pb, pa
+        self.sizes[pa], self.sizes[pb] = (self.ev.pe_size(self.members(pa)),
+                                          self.ev.pe_size(self.members(pb)))
+        return True
+
+    def _swap_fits(self, a: int, b: int, pa: int, pb: int) -> bool:
+        if self._exlocated_in(a, pb, but=b) or self._exlocated_in(b, pa, but=a):
+            return False
+        self.where[a], self.where[b] = pb, pa
+        trial = list(self.sizes)
+        trial[pa], trial[pb] = (self.ev.pe_size(self.members(pa)),
+                                self.ev.pe_size(self.members(pb)))
+        fits = self.feasible(trial)
+        self.where[a], self.where[b] = pa, pb
+        return fits
 
 
 # --- baselines -------------------------------------------------------------------------
