@@ -488,49 +488,19 @@ def plan_table(problem: MigrationProblem, max_retire_sets: int = 5000) -> Migrat
         reason = infeasibility(problem)
     if reason:
         return _infeasible_plan(problem, "ding-table", reason, started)
-    old = list(problem.current_workers)
-    groups: dict[int, list[int]] = {w: [] for w in old}
-    for j, w in enumerate(problem.current):
-        groups[w].append(j)
-    cap = problem.cap
-    state = {w: sum(problem.state_sizes[j] for j in groups[w]) for w in old}
-    load = {w: sum(problem.loads[j] for j in groups[w]) for w in old}
-    cover = {}
-    for w in old:
-        cost, items = min_cover([problem.loads[j] for j in groups[w]],
-                                [problem.state_sizes[j] for j in groups[w]],
-                                load[w] - cap)
-        cover[w] = (cost, [groups[w][i] for i in items])
+    table = _Table(problem)
+    old, cap = table.old, problem.cap
     n, n2 = len(old), problem.target_workers
     new_ids = [max(old) + 1 + i for i in range(max(0, n2 - n))]
-    k = max(0, n - n2)
-    # Retire sets by increasing LB: exhaustive when small, else the k cheapest plus
-    # single swaps (then exactness is not claimed unless the first one packs — it is
-    # still the LB-minimal set, so packing it proves optimality).
-    delta = {w: state[w] - cover[w][0] for w in old}
-    ranked = sorted(old, key=lambda w: (delta[w], w))
-    if k == 0:
-        retire_sets: list[tuple[int, ...]] = [()]
-    elif math.comb(n, k) <= max_retire_sets:
-        retire_sets = sorted(itertools.combinations(old, k),
-                             key=lambda r: (sum(delta[w] for w in r), r))
-    else:
-        first = tuple(sorted(ranked[:k]))
-        swaps = {tuple(sorted(set(first) - {a} | {b})) for a in first for b in ranked[k:]}
-        retire_sets = [first, *sorted(swaps, key=lambda r: (sum(delta[w] for w in r), r))]
-    base = sum(c for c, _ in cover.values())
+    delta = {w: table.state[w] - table.cover[w][0] for w in old}
+    retire_sets = _retire_sets(old, max(0, n - n2), delta, max_retire_sets)
+    base = sum(c for c, _ in table.cover.values())
     lb_min = base + min((sum(delta[w] for w in r) for r in retire_sets), default=0.0)
     for retire in retire_sets:
         kept = [w for w in old if w not in retire]
-        items = [(problem.loads[j], j) for r in retire for j in groups[r]]
-        room = {w: cap for w in new_ids}
-        for w in kept:
-            shed = cover[w][1]
-            items += [(problem.loads[j], j) for j in shed]
-            room[w] = cap - (load[w] - sum(problem.loads[j] for j in shed))
-        if any(np.isinf(cover[w][0]) for w in kept):
+        if any(np.isinf(table.cover[w][0]) for w in kept):
             continue
-        placed = _pack(items, room)
+        placed = _pack(*table.to_place(retire, kept, new_ids, cap))
         if placed is None:
             continue
         assignment = list(problem.current)
@@ -542,13 +512,61 @@ def plan_table(problem: MigrationProblem, max_retire_sets: int = 5000) -> Migrat
         exact = lower <= lb_min + 1e-9 * (1 + abs(lb_min))
         if problem.nonempty:
             exact = _fill_empty(problem, assignment, kept + new_ids) and exact
-        plan = evaluate(problem, "ding-table", assignment, (time.perf_counter() - started) * 1e3,
+        return evaluate(problem, "ding-table", assignment, (time.perf_counter() - started) * 1e3,
                         extra={"exact": exact, "lower_bound": lb_min})
-        return plan
     fallback = plan_flux(problem)
     return dataclasses.replace(fallback, planner="ding-table",
                                solve_ms=(time.perf_counter() - started) * 1e3,
                                extra={"exact": False, "fallback": "flux"})
+
+
+class _Table:
+    """A routing table's workers: their groups, state and load, and the cheapest set of
+    groups each must shed to get under the cap (``min_cover``)."""
+
+    def __init__(self, problem: MigrationProblem) -> None:
+        self.problem = problem
+        self.old = list(problem.current_workers)
+        self.groups: dict[int, list[int]] = {w: [] for w in self.old}
+        for j, w in enumerate(problem.current):
+            self.groups[w].append(j)
+        self.state = {w: sum(problem.state_sizes[j] for j in self.groups[w]) for w in self.old}
+        self.load = {w: sum(problem.loads[j] for j in self.groups[w]) for w in self.old}
+        self.cover: dict[int, tuple[float, list[int]]] = {}
+        for w in self.old:
+            cost, items = min_cover([problem.loads[j] for j in self.groups[w]],
+                                    [problem.state_sizes[j] for j in self.groups[w]],
+                                    self.load[w] - problem.cap)
+            self.cover[w] = (cost, [self.groups[w][i] for i in items])
+
+    def to_place(self, retire: tuple[int, ...], kept: list[int], new_ids: list[int],
+                 cap: float) -> tuple[list[tuple[float, int]], dict[int, float]]:
+        """The groups to place (the retired workers' and what the kept ones shed) and
+        each remaining worker's room under the cap."""
+        loads = self.problem.loads
+        items = [(loads[j], j) for r in retire for j in self.groups[r]]
+        room = {w: cap for w in new_ids}
+        for w in kept:
+            shed = self.cover[w][1]
+            items += [(loads[j], j) for j in shed]
+            room[w] = cap - (self.load[w] - sum(loads[j] for j in shed))
+        return items, room
+
+
+def _retire_sets(old: list[int], k: int, delta: dict[int, float],
+                 max_retire_sets: int) -> list[tuple[int, ...]]:
+    """Retire sets of ``k`` workers by increasing lower bound: exhaustive when small,
+    else the k cheapest plus single swaps (then exactness is not claimed unless the first
+    one packs — it is still the LB-minimal set, so packing it proves optimality)."""
+    if k == 0:
+        return [()]
+    if math.comb(len(old), k) <= max_retire_sets:
+        return sorted(itertools.combinations(old, k),
+                      key=lambda r: (sum(delta[w] for w in r), r))
+    ranked = sorted(old, key=lambda w: (delta[w], w))
+    first = tuple(sorted(ranked[:k]))
+    swaps = {tuple(sorted(set(first) - {a} | {b})) for a in first for b in ranked[k:]}
+    return [first, *sorted(swaps, key=lambda r: (sum(delta[w] for w in r), r))]
 
 
 def _fill_empty(problem: MigrationProblem, assignment: list[int], workers: list[int]) -> bool:
