@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # make test's two lanes (.ci/test.sh) should end together. The dbless tests alone are
