@@ -196,7 +196,7 @@ def test_a_runner_that_died_is_lost_at_the_next_pass_not_when_its_heartbeat_expi
         run = _new_run(operator, status="running", runner_pid=runner.pid,
                        checkpoint_dir=str(tmp_path), started_at=timezone.now())
         bus = launch.run_bus(run)
-        bus.heartbeat(pid=runner.pid, phase="running")
+        busmod.RunnerBus(bus.r, bus.key).heartbeat(pid=runner.pid, phase="running")
         beat = bus.read_heartbeat()
         assert beat is not None and beat["host"] == busmod.HOSTNAME
         assert not tasks.runner_died(run, beat)
@@ -225,6 +225,7 @@ def test_a_runner_hung_in_its_stop_is_ended_and_the_run_says_so(operator, tmp_pa
 
     from pipelines import actions, launch, tasks
     from pipelines.launch import RUNNER_MODULE
+    from pipelines.runtime import bus as busmod
 
     hung = _sleeper(RUNNER_MODULE, str(tmp_path / "runner.json"), ignore_sigterm=True)
     try:
@@ -232,7 +233,7 @@ def test_a_runner_hung_in_its_stop_is_ended_and_the_run_says_so(operator, tmp_pa
                        checkpoint_dir=str(tmp_path))
         assert actions.transition(run, "stopping", "user:operator", "stop requested")
         bus = launch.run_bus(run)
-        bus.heartbeat(pid=hung.pid, phase="stopping")
+        busmod.RunnerBus(bus.r, bus.key).heartbeat(pid=hung.pid, phase="stopping")
         # Judged as the reconciler would be, a stop timeout later (the test's clock is
         # moved, not waited: the session's own reconciler sees a fresh stop meanwhile).
         later = timezone.now() + timedelta(seconds=settings.STOP_TIMEOUT_S + 1)
