@@ -208,13 +208,13 @@ class LabForm(forms.Form):
             field = _field_for(str(exc))
             self.add_error(field, str(exc))
             return data
-        estimate = lab.estimate_seconds(scenario)
         limit = settings.LAB_TIME_LIMIT_S
+        estimate = lab.estimate_seconds(scenario, stop_above=limit)
         if estimate > limit:
             self.add_error("steps", (
-                f"This comparison would take about {estimate:,.0f} s here (measured on "
-                f"{lab.PROBE_STEPS} steps), over the Lab's limit of {limit:g} s: compare "
-                "fewer strategies, steps or workers."))
+                f"This comparison would take at least {estimate:,.0f} s here (measured "
+                f"on its first steps), over the Lab's limit of {limit:g} s: "
+                "compare fewer strategies, steps, workers or keys."))
             return data
         if self.user is not None and \
                 lab.active_labs(self.user) >= settings.LAB_MAX_ACTIVE_PER_USER:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 import time
 import zipfile
@@ -39,8 +40,11 @@ SERIES_FIELDS = list(engine.StepRecord.__dataclass_fields__)
 SUMMARY_FIELDS = list(engine.SUMMARY_FIELDS)
 
 
-# A comparison's cost is measured before it is queued: its strategies run a few steps
-# (at most PROBE_BUDGET_S of them) and the whole is extrapolated from their pace.
+# A comparison's cost is measured before it is queued: each strategy runs a few steps
+# (all of them within PROBE_BUDGET_S). A run's first steps cost several times its later
+# ones (3-7x here: the forecasters' short history, the start of the trace), so the
+# probe's mean would refuse comparisons that fit; the cheapest step of each strategy
+# extrapolates to a lower bound instead, and the time limit stops what it missed.
 PROBE_STEPS = 5
 PROBE_BUDGET_S = 2.0
 
@@ -56,26 +60,56 @@ def active_labs(user: Any) -> int:
         LabStatus.PENDING, LabStatus.RUNNING)).count()
 
 
-def estimate_seconds(scenario: dict[str, Any]) -> float:
-    """How long ``scenario`` takes to simulate here: its strategies are run for a few
-    steps and timed (measured on this machine, under its current load), then scaled
-    to every step of every strategy."""
-    steps = int(scenario["steps"])
-    probe = {**scenario, "steps": min(steps, PROBE_STEPS)}
-    done = [0]
-    started = time.perf_counter()
+def estimate_seconds(scenario: dict[str, Any], stop_above: float = math.inf) -> float:
+    """At least how long ``scenario`` takes to simulate here, in seconds: its set-up
+    (parsing, building each strategy: measured) plus, for each strategy, its cheapest
+    probed step times its steps, measured on this machine under its current load.
 
-    def progress(n: int, _total: int) -> None:
-        done[0] = n
-        if time.perf_counter() - started > PROBE_BUDGET_S:
+    Each strategy is probed on its own share of ``PROBE_BUDGET_S``, so that a cheap
+    first strategy cannot stand for an expensive one; one that does not finish two
+    steps within the budget is counted at its mean step so far. The probe ends as soon
+    as the bound passes ``stop_above``, and past twice the budget the strategies not
+    yet probed are counted at the cheapest step seen: the form's answer stays quick."""
+    steps = int(scenario["steps"])
+    specs = scenario["strategies"]
+    share = PROBE_BUDGET_S / max(len(specs), 1)
+    started = time.perf_counter()
+    scn = sim.parse_scenario({**scenario, "steps": min(steps, PROBE_STEPS)})
+    total = time.perf_counter() - started
+    cheapest = math.inf
+    for i, spec in enumerate(specs):
+        if total > stop_above:
+            break
+        if time.perf_counter() - started > 2 * PROBE_BUDGET_S:
+            total += cheapest * steps * (len(specs) - i)
+            break
+        per_step, set_up = _probe_strategy(scn, spec, i, share)
+        cheapest = min(cheapest, per_step)
+        total += set_up + per_step * steps
+    return total
+
+
+def _probe_strategy(scn: Any, spec: dict, index: int, share_s: float) -> tuple[float, float]:
+    """One strategy's cheapest step and set-up time, in seconds, on the probe."""
+    begun = time.perf_counter()
+    label, controller = sim.build_controller(spec, scn, index)
+    stamps = [time.perf_counter()]
+
+    def step_done(_t: int) -> None:
+        stamps.append(time.perf_counter())
+        spent = stamps[-1] - stamps[0]
+        if (len(stamps) > 2 and spent > share_s) or spent > PROBE_BUDGET_S:
             raise LabTimeLimit
 
     try:
-        sim.simulate(probe, progress=progress)
+        engine.run(scn, label, controller, on_step=step_done)
     except LabTimeLimit:
         pass
-    per_step = (time.perf_counter() - started) / max(done[0], 1)
-    return per_step * steps * len(scenario["strategies"])
+    set_up = stamps[0] - begun
+    gaps = [later - earlier for earlier, later in zip(stamps[1:], stamps[2:])]
+    if gaps:  # the first step also holds the run's set-up: not one step's cost
+        return min(gaps), set_up
+    return (time.perf_counter() - stamps[0]) / max(len(stamps) - 1, 1), set_up
 
 
 def start_lab(user: Any, name: str, scenario: dict) -> LabRun:

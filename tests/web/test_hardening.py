@@ -258,6 +258,26 @@ def test_a_lab_comparison_that_would_outlast_the_limit_is_refused(settings) -> N
 
 
 @pytest.mark.django_db
+def test_the_lab_estimate_stays_under_the_run_it_measures() -> None:
+    """The probe's first steps cost more than a run's later ones: the estimate must
+    not exceed the run (measured side by side, three times, the median ratio), or the
+    form refuses comparisons that fit."""
+    import statistics
+
+    from control import lab, sim
+
+    form = _lab_form({**LAB_FORM, "steps": "120"})
+    assert form.is_valid(), form.errors
+    ratios = []
+    for _ in range(3):
+        estimate = lab.estimate_seconds(form.scenario)
+        started = time.perf_counter()
+        sim.simulate(form.scenario)
+        ratios.append(estimate / (time.perf_counter() - started))
+    assert statistics.median(ratios) < 1.5, ratios
+
+
+@pytest.mark.django_db
 def test_a_lab_past_its_time_limit_is_marked_failed(local_operator) -> None:
     from control import lab
     from control.models import LabRun, LabStatus
