@@ -158,7 +158,6 @@ class HarnessLoop:
 def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list[float],
              groups: int, keys: int, bound_s: float, step_s: float,
              max_workers: int) -> dict[str, Any]:
-    from control import live
     from control.closedloop import ControlLoop
     from control.live import LiveController, LoopPolicy
 
@@ -175,21 +174,7 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
             max_workers=max_workers, freqs_ghz=freqs, power=power.power_model(),
             control_step_s=step_s, params=LOOP_PARAMS.get(strategy, {}))
         LiveController(policy)  # a policy the loop cannot run fails here, not mid-run
-        run.wait_until(lambda: run.metrics[-1]["t"] >= run.t0 + LOOP_WARMUP_S - step_s,
-                       LOOP_WARMUP_S + 60, "the end of the warm-up")
-        # The controller decides from batch WARMUP_BATCHES on (ids count from 0). Slow
-        # batches may not get there in LOOP_WARMUP_S: wait on into the low phase, but
-        # not past one step before the peak (a blind controller there proves nothing).
-        peak_at = run.t0 + next(i for i, r in enumerate(rates) if r > rates[0]) - step_s
-        run.wait_until(lambda: (run.metrics[-1]["batch_id"] >= live.WARMUP_BATCHES
-                                or time.time() >= peak_at),
-                       max(0.0, peak_at - time.time()) + 60, "the controller's warm-up")
-        if run.metrics[-1]["batch_id"] < live.WARMUP_BATCHES:
-            raise HarnessError(
-                f"{strategy}: {run.metrics[-1]['batch_id'] + 1} batches before the step, "
-                f"the controller decides only from batch {live.WARMUP_BATCHES + 1} on: "
-                "slower batches than this benchmark expects (lengthen the low phase, "
-                "--loop-seconds)")
+        _wait_for_the_controller(run, strategy, rates, step_s)
         harness = HarnessLoop(run, Config(run.metrics[-1]["workers"], max(freqs)))
         loop = ControlLoop(policy=policy, metrics=harness, configuration=harness,
                            controllers=harness, decisions=harness, actuator=harness)
@@ -201,25 +186,55 @@ def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list
             loop.tick()
         steps = harness.steps
         mape = loop.controller().mape()
-    report = verify_run(run, doc)
+    return {"strategy": strategy, **loop_summary(steps, bound_s), "model_mape_pct": mape,
+            "verifier": verify_run(run, doc), "series": steps}
+
+
+def _wait_for_the_controller(run: RunnerProcess, strategy: str, rates: list[float],
+                             step_s: float) -> None:
+    """Until the warm-up ends and the controller decides (from batch WARMUP_BATCHES on,
+    ids counting from 0). Slow batches may not get there in LOOP_WARMUP_S: wait on into
+    the low phase, but not past one step before the peak (a blind controller there
+    proves nothing)."""
+    from control import live
+
+    run.wait_until(lambda: run.metrics[-1]["t"] >= run.t0 + LOOP_WARMUP_S - step_s,
+                   LOOP_WARMUP_S + 60, "the end of the warm-up")
+    peak_at = run.t0 + next(i for i, r in enumerate(rates) if r > rates[0]) - step_s
+    run.wait_until(lambda: (run.metrics[-1]["batch_id"] >= live.WARMUP_BATCHES
+                            or time.time() >= peak_at),
+                   max(0.0, peak_at - time.time()) + 60, "the controller's warm-up")
+    if run.metrics[-1]["batch_id"] < live.WARMUP_BATCHES:
+        raise HarnessError(
+            f"{strategy}: {run.metrics[-1]['batch_id'] + 1} batches before the step, "
+            f"the controller decides only from batch {live.WARMUP_BATCHES + 1} on: "
+            "slower batches than this benchmark expects (lengthen the low phase, "
+            "--loop-seconds)")
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def loop_summary(steps: list[dict[str, Any]], bound_s: float) -> dict[str, Any]:
+    """A closed-loop run's counts over its control steps."""
     measured = [s for s in steps if s["latency_s"] is not None]
     per_batch = [s["throughput"] * (s["batch_s"] or 0) for s in steps]
+    pending = [s for s in steps if s["outcome"] == "pending"]
     return {
-        "strategy": strategy, "steps": len(steps),
+        "steps": len(steps),
         "latency_violations": sum(1 for s in measured if s["latency_s"] > bound_s),
         # The operator did not keep up: more than two batches' input left waiting.
         "throughput_violations": sum(1 for s, b in zip(steps, per_batch, strict=True)
                                      if s["backlog"] > 2 * max(b, 1.0)),
-        "reconfigurations": sum(1 for s in steps if s["outcome"] == "pending"),
-        "rebalances": sum(1 for s in steps if s["outcome"] == "pending"
-                          and s["action"] == "rebalance"),
+        "reconfigurations": len(pending),
+        "rebalances": sum(1 for s in pending if s["action"] == "rebalance"),
         "busy_steps": sum(1 for s in steps if s["outcome"] == "busy"),
-        "mean_workers": statistics.fmean(s["workers"] for s in steps) if steps else None,
-        "mean_freq_ghz": statistics.fmean(s["freq_ghz"] for s in steps) if steps else None,
-        "mean_power_w_modelled": statistics.fmean(s["power_w"] for s in steps
-                                                  if s["power_w"] is not None),
-        "latency_p95_median_s": quantile([s["latency_s"] for s in measured], 0.5),
-        "model_mape_pct": mape, "verifier": report, "series": steps}
+        "mean_workers": _mean([s["workers"] for s in steps]),
+        "mean_freq_ghz": _mean([s["freq_ghz"] for s in steps]),
+        "mean_power_w_modelled": _mean([s["power_w"] for s in steps
+                                        if s["power_w"] is not None]),
+        "latency_p95_median_s": quantile([s["latency_s"] for s in measured], 0.5)}
 
 
 def default_bound_ms(cal: dict[str, Any]) -> float:

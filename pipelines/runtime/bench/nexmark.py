@@ -522,11 +522,7 @@ def table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["_plain"]:
-        return plain_main(argv[1], Path(argv[2]), int(argv[3]))
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m pipelines.nexmark bench",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--queries", default=",".join(queries.QUERIES))
@@ -547,17 +543,12 @@ def main(argv: list[str] | None = None) -> int:
                     "table shows medians; the systems' order alternates between runs)")
     ap.add_argument("--render", type=Path, nargs="+", metavar="JSON", default=None,
                     help="print the table of results saved with --json, run nothing")
-    args = ap.parse_args(argv)
-    if args.render:
-        try:
-            saved = [Result.from_dict(d) for path in args.render
-                     for d in json.loads(path.read_text())]
-        except (OSError, ValueError, TypeError) as exc:
-            ap.error(f"cannot read the saved results: {exc}")
-        for result in saved:
-            rejudge(result)
-        print(table(saved))
-        return 0
+    return ap
+
+
+def _checked(ap: argparse.ArgumentParser, args: argparse.Namespace
+             ) -> tuple[list[str], list[int], list[str]]:
+    """The queries, executor counts and systems asked for (``ap.error`` otherwise)."""
     chosen = [q.strip().upper() for q in args.queries.split(",") if q.strip()]
     unknown = [q for q in chosen if q not in queries.QUERIES]
     systems = [s for s in args.systems.split(",") if s]
@@ -577,6 +568,30 @@ def main(argv: list[str] | None = None) -> int:
             or not 4 <= args.unloaded_s <= 600:
         ap.error("need 1 <= --start <= --climb-from <= 1000000 and 4 <= --step-s, "
                  "--unloaded-s <= 600")
+    return chosen, workers, systems
+
+
+def _render(ap: argparse.ArgumentParser, paths: list[Path]) -> int:
+    try:
+        saved = [Result.from_dict(d) for path in paths for d in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError) as exc:
+        ap.error(f"cannot read the saved results: {exc}")
+    for result in saved:
+        rejudge(result)
+    print(table(saved))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_plain"]:
+        return plain_main(argv[1], Path(argv[2]), int(argv[3]))
+    ap = parser()
+    args = ap.parse_args(argv)
+    if args.render:
+        return _render(ap, args.render)
+    chosen, workers, systems = _checked(ap, args)
     # Two executors climb from twice the rate: the steps below half of one executor's
     # capacity tell nothing there either.
     stairs_for = {w: staircase(args.start, args.step_s, climb_from=args.climb_from * w,
@@ -593,16 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         for done, (rep, query, w, system) in enumerate(plan):
             log(f"[{done + 1}/{len(plan)}] {query} on {w} executor(s), {system}"
                 f"{f', run {rep + 1} of {args.repeat}' if args.repeat > 1 else ''} ...")
-            try:
-                if system == "streamwise":
-                    r = run_streamwise(info.master_url, work, args.redis_url, query, w,
-                                       stairs_for[w], args.step_s, info.worker_pid, rep)
-                else:
-                    r = run_plain(info.master_url, work, query, w, stairs_for[w],
-                                  args.step_s, info.worker_pid, rep)
-            except HarnessError as exc:
-                r = Result(query, system, w, error=str(exc), rep=rep)
-            results.append(r)
+            results.append(_one_run(info, work, args, query, w, system, stairs_for[w], rep))
             if args.json:
                 args.json.write_text(json.dumps([asdict(x) for x in results], indent=1))
     finally:
@@ -611,6 +617,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(results)} runs in {time.time() - started:.0f} s; {args.repeat} run(s) "
           "per configuration (ratios compare runs minutes apart on one machine)")
     return 0
+
+
+def _one_run(info: Any, work: Path, args: argparse.Namespace, query: str, workers: int,
+             system: str, stairs: Any, rep: int) -> Result:
+    try:
+        if system == "streamwise":
+            return run_streamwise(info.master_url, work, args.redis_url, query, workers,
+                                  stairs, args.step_s, info.worker_pid, rep)
+        return run_plain(info.master_url, work, query, workers, stairs, args.step_s,
+                         info.worker_pid, rep)
+    except HarnessError as exc:
+        return Result(query, system, workers, error=str(exc), rep=rep)
 
 
 if __name__ == "__main__":
