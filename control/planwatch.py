@@ -16,7 +16,7 @@ import hashlib
 import json
 import logging
 
-from control import loop
+from control import ticks
 from pipelines import actions, launch, plans
 from pipelines.models import Run, RunStatus
 from pipelines.runtime.query import planopt
@@ -70,6 +70,6 @@ def watch_plans() -> int:
         key = f"control:{run.bus_key}:plan-proposed:{digest}"
         if not launch.run_bus(run).r.set(key, "1", nx=True, ex=PROPOSAL_TTL_S):
             continue
-        actions.raise_alert(run, loop.ACTOR, message, {"proposed_plan": plan})
+        actions.raise_alert(run, ticks.ACTOR, message, {"proposed_plan": plan})
         raised += 1
     return raised

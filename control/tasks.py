@@ -7,7 +7,7 @@ from celery import shared_task
 from django.conf import settings
 from django.utils import timezone
 
-from control import lab, live, loop, planwatch, webhooks
+from control import lab, live, planwatch, ticks, webhooks
 from control.models import Decision
 from pipelines.models import RunStatus
 from pipelines.runtime.bus import COMMAND_TTL_S
@@ -32,9 +32,9 @@ def fail_stale_labs() -> int:
 def control_tick_all() -> dict[str, int]:
     """Celery beat, every second: one tick for each run whose control step is due."""
     decided = 0
-    for run in loop.due_runs():
+    for run in ticks.due_runs():
         try:
-            decided += loop.tick(run) is not None
+            decided += ticks.tick(run) is not None
         except Exception:  # one run's bad tick must not starve the others
             log.exception("control tick of run %s failed", run.pk)
     return {"decided": decided}
@@ -57,12 +57,12 @@ def apply_decision(decision_id: int) -> str:
     decision = Decision.objects.select_related("run").get(pk=decision_id)
     run = decision.run
     if run.status != RunStatus.RUNNING:
-        loop.finish(decision_id, False, f"run is {run.status}")
+        ticks.finish(decision_id, False, f"run is {run.status}")
         return "not running"
     age_s = (timezone.now() - decision.at).total_seconds()
     if age_s > COMMAND_TTL_S:
         message = f"expired: decided {age_s:.0f} s ago, not applied"
-        loop.finish(decision_id, False, message)
+        ticks.finish(decision_id, False, message)
         return message
     deadline = decision.at.timestamp() + COMMAND_TTL_S
     messages, ok = [], True
@@ -71,7 +71,7 @@ def apply_decision(decision_id: int) -> str:
             {"workers": decision.current_workers, "freq_ghz": decision.current_freq_ghz},
             {"workers": decision.chosen_workers, "freq_ghz": decision.chosen_freq_ghz},
             decision.action, (decision.inputs or {}).get("rebalance"),
-            key_groups=run.key_groups if loop.replannable(run) else None,
+            key_groups=run.key_groups if ticks.replannable(run) else None,
             planner=(decision.inputs or {}).get("migration_planner"))):
         # The first command expires with the decision; a later one follows an
         # acknowledged command (a migration may have taken minutes) and gets its own TTL.
@@ -81,7 +81,7 @@ def apply_decision(decision_id: int) -> str:
         ok, messages = done, messages + [msg]
         if not ok:  # a later command would act on a configuration that did not happen
             break
-    loop.finish(decision_id, ok, "; ".join(messages))
+    ticks.finish(decision_id, ok, "; ".join(messages))
     return "; ".join(messages)
 
 

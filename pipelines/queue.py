@@ -1,7 +1,7 @@
 """Queue a Celery task by its registered name.
 
 The tasks call the domain actions (``pipelines.actions``, ``control.lab``,
-``control.loop``); the actions queue the tasks that carry their work on. Queuing by name
+``control.ticks``); the actions queue the tasks that carry their work on. Queuing by name
 keeps the imports one way (tasks -> actions), and ``Task`` is the one list of what may be
 queued (a test checks each name against the worker's registry).
 """

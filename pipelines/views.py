@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from control import loop
+from control import ticks
 from control.models import Policy
 from pipelines import actions, plans
 from pipelines.forms import (
@@ -319,7 +319,7 @@ def run_dry_run(request: HttpRequest, pk: int) -> HttpResponse:
     """The dry-run switch: the controller keeps deciding and showing, but does not act."""
     run = get_object_or_404(Run, pk=pk)
     on = request.POST.get("dry_run") == "on"
-    loop.set_dry_run(run, on, request.user)
+    ticks.set_dry_run(run, on, request.user)
     messages.success(request, f"Run {run.pk}: dry run {'on' if on else 'off'}.")
     return redirect("run-detail", pk=run.pk)
 

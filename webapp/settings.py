@@ -173,7 +173,7 @@ CELERY_BEAT_SCHEDULE = {
                        "schedule": float(os.environ.get("RECONCILE_EVERY_S", "1")),
                        "options": {"expires": 2.0}},
     # The closed loop: every second, one tick for each run whose control step is due
-    # (control.loop); a tick not started within 2 s is dropped, the next one comes.
+    # (control.ticks); a tick not started within 2 s is dropped, the next one comes.
     "control-tick": {"task": "control.tasks.control_tick_all", "schedule": 1.0,
                      "options": {"expires": 2.0}},
     # The plan watch (control.planwatch): COLA's plan proposed when a Python PE saturates.

@@ -450,7 +450,7 @@ def test_eight_queued_lab_jobs_leave_the_control_ticks_of_a_live_run_on_time(
             labs = [lab.start_lab(operator, f"load {i}", scenario) for i in range(8)]
             wait_for(lambda: LabRun.objects.filter(status=LabStatus.RUNNING).exists(), 60,
                      "the Lab worker to take the first comparison")
-            # A tick stores its slot under the run's "last" key (control/loop.py), batch
+            # A tick stores its slot under the run's "last" key (control/ticks.py), batch
             # or no batch; a Decision needs a new batch, and under the Lab's load a batch
             # may take longer than a step: the ticks are what must keep time.
             bus = launch.run_bus(run).r

@@ -279,7 +279,7 @@ def test_a_state_for_another_strategy_or_version_is_refused() -> None:
 
 
 class _MemoryLoop:
-    """In-memory adapters for every port of control.closedloop.ControlLoop."""
+    """In-memory adapters for every port of control.controlloop.ControlLoop."""
 
     def __init__(self, engine: Fake, pending: str | None = None) -> None:
         self.engine, self.config, self.waiting = engine, Config(1, F_MAX), pending
@@ -316,7 +316,7 @@ class _MemoryLoop:
 
 
 def _loop(ports: _MemoryLoop, **kw):
-    from control.closedloop import ControlLoop
+    from control.controlloop import ControlLoop
 
     return ControlLoop(policy=_policy("lat-node", params={"horizon": 2}), metrics=ports,
                        configuration=ports, controllers=ports, decisions=ports,
@@ -324,7 +324,7 @@ def _loop(ports: _MemoryLoop, **kw):
 
 
 def test_the_control_loop_decides_stores_and_realises_through_its_ports() -> None:
-    from control.closedloop import Outcome
+    from control.controlloop import Outcome
 
     ports = _MemoryLoop(Fake())
     loop = _loop(ports)

@@ -152,8 +152,8 @@ def _controlled_run(user):
     celery beat (started by an earlier test's live stack) ticks every due run each
     second, and a tick of its own would race the test's for the same records. The run
     was last ticked "now" and its step is an hour, so the beat never finds it due;
-    ``loop.tick`` itself does not look at the step."""
-    from control import loop
+    ``ticks.tick`` itself does not look at the step."""
+    from control import ticks
     from control.models import Policy
     from pipelines import launch
 
@@ -161,7 +161,7 @@ def _controlled_run(user):
     r = launch.run_bus(run).r
     for key in r.scan_iter(f"control:{run.bus_key}:*"):
         r.delete(key)
-    r.set(loop._key(run, "last"), time.time(), ex=3600)
+    r.set(ticks._key(run, "last"), time.time(), ex=3600)
     Policy.objects.filter(pk=run.policy_id).update(strategy="lat-node", control_step_s=3600)
     run.refresh_from_db()
     return run
@@ -188,7 +188,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
     fields and types its TypedDict says (the run page reads these)."""
     from channels.db import database_sync_to_async
 
-    from control import loop
+    from control import ticks
     from pipelines import actions
     from pipelines.models import EventKind
     from pipelines.relay import Relay
@@ -204,7 +204,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
     # A snapshot with something in each list: a stored sample, an event, a decision.
     _runner_records(run_bus, 0, 6)
     run_async(Relay().step(block_ms=2000))
-    assert loop.tick(run) is not None
+    assert ticks.tick(run) is not None
     actions.record_event(run, EventKind.ALERT, "test", "an event before the page opened")
 
     async def scenario() -> list[dict]:
@@ -214,7 +214,7 @@ def test_every_websocket_message_kind_matches_its_type(operator) -> None:
         received = [await comm.receive_json_from(timeout=10)]
         _runner_records(run_bus, 6, 3)
         await Relay().step(block_ms=2000)  # metrics (and their storage)
-        await database_sync_to_async(loop.tick)(run)  # a decision
+        await database_sync_to_async(ticks.tick)(run)  # a decision
         await database_sync_to_async(actions.record_event)(run, EventKind.ALERT, "test", "an event")
         run_bus.publish_event(busmod.RunnerEvent.STOPPED, reason="test over")
         await Relay().step(block_ms=2000)  # a status change

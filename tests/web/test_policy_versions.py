@@ -43,7 +43,7 @@ def test_an_edit_is_a_new_version_and_a_rename_is_not(local_operator) -> None:
 
 @pytest.mark.django_db
 def test_a_run_keeps_its_version_after_the_policy_is_edited(local_operator) -> None:
-    from control import loop, policies
+    from control import policies, ticks
 
     run, policy = _running_run(local_operator, strategy="lat-node", control_step_s=2.0)
     assert run.policy_version == 1
@@ -55,8 +55,8 @@ def test_a_run_keeps_its_version_after_the_policy_is_edited(local_operator) -> N
     assert (in_force.version, in_force.control_step_s, in_force.strategy) == \
         (1, 2.0, "lat-node")
     # The controller still ticks it under v1 (a manual v2 would have stopped it).
-    assert run in loop.due_runs(now=1e12)
-    assert loop.loop_policy(in_force, run).control_step_s == 2.0
+    assert run in ticks.due_runs(now=1e12)
+    assert ticks.loop_policy(in_force, run).control_step_s == 2.0
 
 
 @pytest.mark.django_db

@@ -107,16 +107,16 @@ def test_replan_events_read_well_and_change_the_runs_key_groups(local_operator) 
 @pytest.mark.django_db
 def test_the_controller_may_want_more_workers_than_key_groups_and_replans_first(
         local_operator) -> None:
-    from control import loop
+    from control import ticks
     from pipelines.nexmark import queries
 
     keyed = _run(local_operator, key_groups=2)
-    assert loop.loop_policy(keyed.policy_in_force, keyed).max_workers == 8
+    assert ticks.loop_policy(keyed.policy_in_force, keyed).max_workers == 8
     dataflow = _run(local_operator, definition=queries.definition("Q4", 1000), key_groups=2)
-    assert loop.loop_policy(dataflow.policy_in_force, dataflow).max_workers == 2
+    assert ticks.loop_policy(dataflow.policy_in_force, dataflow).max_workers == 2
     windowed = _run(local_operator, definition=queries.definition("Q5", 1000), key_groups=2,
                     name="web-replan-q5")
-    assert loop.loop_policy(windowed.policy_in_force, windowed).max_workers == 8
+    assert ticks.loop_policy(windowed.policy_in_force, windowed).max_workers == 8
     commands = live.reconfiguration_commands({"workers": 2, "freq_ghz": 2.0},
                                              {"workers": 3, "freq_ghz": 2.0}, "scale", None,
                                              key_groups=2)

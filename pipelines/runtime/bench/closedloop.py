@@ -1,7 +1,7 @@
 """Benchmark of the closed loop on real Spark (``python -m pipelines.runtime.bench
 closed-loop``): MPC and rule controllers against static 1 and max workers, under a rate
 trace around one worker's capacity (calibrated on this machine), through the same
-``control.closedloop.ControlLoop`` the product runs (here over the runner harness)."""
+``control.controlloop.ControlLoop`` the product runs (here over the runner harness)."""
 from __future__ import annotations
 
 import argparse
@@ -80,7 +80,7 @@ def loop_trace(capacity: float, peak_factor: float, low_s: int, high_s: int,
 
 class HarnessLoop:
     """The closed-loop benchmark's adapters around the product's control loop
-    (``control.closedloop.ControlLoop``): records from the runner harness, the
+    (``control.controlloop.ControlLoop``): records from the runner harness, the
     configuration its acknowledgements report, the controller state kept as JSON in
     memory, decisions kept as this benchmark's step series, commands sent on the bus."""
 
@@ -158,7 +158,7 @@ class HarnessLoop:
 def run_loop(master: str, work: Path, redis_url: str, strategy: str, rates: list[float],
              groups: int, keys: int, bound_s: float, step_s: float,
              max_workers: int) -> dict[str, Any]:
-    from control.closedloop import ControlLoop
+    from control.controlloop import ControlLoop
     from control.live import LiveController, LoopPolicy
 
     doc = loop_definition(rates, groups, keys)

@@ -35,6 +35,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,76 +187,111 @@ def bench_plan(master: str, work: Path, redis_url: str, reps: int = 3,
         proposals = {alg: planopt.max_sustainable(spec.graph, measured, spec.pe_plan,
                                                   spec.partitions, CORES, alg)
                      for alg in planopt.ALGORITHMS}
-        common = COMMON_SHARE * (prof_run["sustainable_rate"] or PROFILE_RATE)
-        # The source is silent until the query is up (the profile run's measured
-        # start-up lag, with a margin): the common phase then has no start-up backlog
-        # to drain, and its tail is the plan at the common rate. (Whole seconds: a rate
-        # schedule's steps are.)
-        lead_s = float(math.ceil(1.25 * prof_run["start_lag_s"] + 2.0))
-        common_s = lead_s + COMMON_S
-        # The saturated phase: far above every plan (the source is then ahead at once).
-        high = 40 * max(common, max(p.max_rate for p in proposals.values()))
-        batch = int(max(2000, 2 * (prof_run["sustainable_rate"] or PROFILE_RATE)))
+        phases = _phases(prof_run, proposals)
         log(f"[{name}] start-up lag {prof_run['start_lag_s']:.1f} s: each run silent "
-            f"{lead_s:.0f} s, {COMMON_S:.0f} s at {common:,.0f}/s, then saturated")
+            f"{phases.lead_s:.0f} s, {COMMON_S:.0f} s at {phases.common:,.0f}/s, "
+            "then saturated")
         for alg, p in proposals.items():
             log(f"[{name}] {alg}: {[list(pe) for pe in p.pes]} over {p.partitions} "
                 f"partition(s), modelled max {p.max_rate:,.0f}/s")
-        # Algorithms proposing the same plan share its runs: one plan, one rate (running
-        # it once per name would only measure the machine's noise between them).
-        runs_of: dict[str, str] = {}
-        for alg, p in proposals.items():
-            key = next((a for a in runs_of.values()
-                        if proposals[a].pes == p.pes
-                        and proposals[a].partitions == p.partitions), alg)
-            runs_of[alg] = key
-        runs: dict[str, list[dict[str, Any]]] = {alg: [] for alg in set(runs_of.values())}
-        order = [alg for alg in proposals if runs_of[alg] == alg]
-        for rep in range(reps):
-            # Each repetition in another order (a rotation): no plan always runs first.
-            for alg in order[rep % len(order):] + order[:rep % len(order)]:
-                p = proposals[alg]
-                plan = p.pe_plan(spec.pe_plan).as_dict()
-                pdoc = _step_rate(PIPELINES[name](common, plan=plan,
-                                                  max_records_per_batch=batch),
-                                  common, common_s, high, lead_s)
-                run = _runner(work, master, redis_url, pdoc, f"{name}-{alg}-{rep}")
-                with run:
-                    result = measure(run, common_s)
-                report = verify.verify_run_dir(run.work)
-                result["verifier"] = report.line()
-                result["verified"] = report.ok
-                runs[alg].append(result)
-                same = [a for a in proposals if runs_of[a] == alg and a != alg]
-                log(f"[{name}] rep {rep + 1}/{reps} {'/'.join([alg, *same])}: "
-                    f"{result['sustainable_rate'] or 0:,.0f}/s, p95 "
-                    f"{_ms(result['p95_ms'])} at {common:,.0f}/s "
-                    f"({result['common_batches']} batches); "
-                    f"{report.line()[:60]}")
-        summary = {}
-        none = _median([r["sustainable_rate"] for r in runs[runs_of["none"]]
-                        if r["sustainable_rate"]])
-        for alg in proposals:
-            results = runs[runs_of[alg]]
-            rate = _median([r["sustainable_rate"] for r in results if r["sustainable_rate"]])
-            summary[alg] = {
-                "pes": [list(pe) for pe in proposals[alg].pes],
-                "partitions": proposals[alg].partitions,
-                "same_plan_as": runs_of[alg] if runs_of[alg] != alg else None,
-                "modelled_max_rate": round(proposals[alg].max_rate, 1),
-                "sustainable_rate_median": rate and round(rate, 1),
-                "sustainable_rates": [r["sustainable_rate"] and round(r["sustainable_rate"], 1)
-                                      for r in results],
-                "p95_ms_median": _median([r["p95_ms"] for r in results if r["p95_ms"]]),
-                "vs_none": round(rate / none, 3) if rate and none else None,
-                "verified": all(r["verified"] for r in results)}
-        out["pipelines"].append({"pipeline": name, "common_rate": round(common, 1),
-                                 "silent_lead_s": lead_s,
+        runs_of = _shared_runs(proposals)
+        runs = _run_reps(master, work, redis_url, name, spec, proposals, runs_of, phases,
+                         reps)
+        summary = _summary(proposals, runs_of, runs)
+        out["pipelines"].append({"pipeline": name, "common_rate": round(phases.common, 1),
+                                 "silent_lead_s": phases.lead_s,
                                  "measured_graph": measured.as_dict(),
                                  "profile_run": prof_run, "plans": summary,
                                  "runs": runs})
-        log(table(name, common, summary))
+        log(table(name, phases.common, summary))
     return out
+
+
+@dataclass(frozen=True)
+class _Phases:
+    """A plan run's rate schedule: silent, then the common rate, then saturated."""
+
+    lead_s: float
+    common: float
+    common_s: float
+    high: float
+    batch: int
+
+
+def _phases(prof_run: dict[str, Any], proposals: dict[str, Any]) -> _Phases:
+    common = COMMON_SHARE * (prof_run["sustainable_rate"] or PROFILE_RATE)
+    # The source is silent until the query is up (the profile run's measured start-up
+    # lag, with a margin): the common phase then has no start-up backlog to drain, and
+    # its tail is the plan at the common rate. (Whole seconds: a rate schedule's steps
+    # are.)
+    lead_s = float(math.ceil(1.25 * prof_run["start_lag_s"] + 2.0))
+    # The saturated phase: far above every plan (the source is then ahead at once).
+    high = 40 * max(common, max(p.max_rate for p in proposals.values()))
+    batch = int(max(2000, 2 * (prof_run["sustainable_rate"] or PROFILE_RATE)))
+    return _Phases(lead_s, common, lead_s + COMMON_S, high, batch)
+
+
+def _shared_runs(proposals: dict[str, Any]) -> dict[str, str]:
+    """Each algorithm's name -> the algorithm whose runs it shares. Algorithms proposing
+    the same plan share its runs: one plan, one rate (running it once per name would
+    only measure the machine's noise between them)."""
+    runs_of: dict[str, str] = {}
+    for alg, p in proposals.items():
+        runs_of[alg] = next((a for a in runs_of.values()
+                             if proposals[a].pes == p.pes
+                             and proposals[a].partitions == p.partitions), alg)
+    return runs_of
+
+
+def _run_reps(master: str, work: Path, redis_url: str, name: str, spec: Any,
+              proposals: dict[str, Any], runs_of: dict[str, str], phases: _Phases,
+              reps: int) -> dict[str, list[dict[str, Any]]]:
+    runs: dict[str, list[dict[str, Any]]] = {alg: [] for alg in set(runs_of.values())}
+    order = [alg for alg in proposals if runs_of[alg] == alg]
+    for rep in range(reps):
+        # Each repetition in another order (a rotation): no plan always runs first.
+        for alg in order[rep % len(order):] + order[:rep % len(order)]:
+            plan = proposals[alg].pe_plan(spec.pe_plan).as_dict()
+            pdoc = _step_rate(PIPELINES[name](phases.common, plan=plan,
+                                              max_records_per_batch=phases.batch),
+                              phases.common, phases.common_s, phases.high, phases.lead_s)
+            run = _runner(work, master, redis_url, pdoc, f"{name}-{alg}-{rep}")
+            with run:
+                result = measure(run, phases.common_s)
+            report = verify.verify_run_dir(run.work)
+            result["verifier"] = report.line()
+            result["verified"] = report.ok
+            runs[alg].append(result)
+            same = [a for a in proposals if runs_of[a] == alg and a != alg]
+            log(f"[{name}] rep {rep + 1}/{reps} {'/'.join([alg, *same])}: "
+                f"{result['sustainable_rate'] or 0:,.0f}/s, p95 "
+                f"{_ms(result['p95_ms'])} at {phases.common:,.0f}/s "
+                f"({result['common_batches']} batches); "
+                f"{report.line()[:60]}")
+    return runs
+
+
+def _summary(proposals: dict[str, Any], runs_of: dict[str, str],
+             runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per algorithm: its plan, its medians over its runs, its rate against NONE's."""
+    summary = {}
+    none = _median([r["sustainable_rate"] for r in runs[runs_of["none"]]
+                    if r["sustainable_rate"]])
+    for alg in proposals:
+        results = runs[runs_of[alg]]
+        rate = _median([r["sustainable_rate"] for r in results if r["sustainable_rate"]])
+        summary[alg] = {
+            "pes": [list(pe) for pe in proposals[alg].pes],
+            "partitions": proposals[alg].partitions,
+            "same_plan_as": runs_of[alg] if runs_of[alg] != alg else None,
+            "modelled_max_rate": round(proposals[alg].max_rate, 1),
+            "sustainable_rate_median": rate and round(rate, 1),
+            "sustainable_rates": [r["sustainable_rate"] and round(r["sustainable_rate"], 1)
+                                  for r in results],
+            "p95_ms_median": _median([r["p95_ms"] for r in results if r["p95_ms"]]),
+            "vs_none": round(rate / none, 3) if rate and none else None,
+            "verified": all(r["verified"] for r in results)}
+    return summary
 
 
 def table(name: str, common: float, summary: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """The product's side of the control loop: its adapters around
-``control.closedloop.ControlLoop`` (Redis stream, database, Celery) and its domain
+``control.controlloop.ControlLoop`` (Redis stream, database, Celery) and its domain
 actions.
 
 ``due_runs`` + ``tick`` are what celery beat runs every second (``control.tasks``):
@@ -7,7 +7,7 @@ actions.
 * every running run whose policy has a strategy (not ``manual``) gets one tick per
   ``control_step_s``; a tick takes a per-run Redis lock, so one tick never overlaps the
   previous one for the same run (a slow tick makes the next one wait, never run twice);
-* the tick is one step of ``control.closedloop.ControlLoop`` (the same loop the closed-loop
+* the tick is one step of ``control.controlloop.ControlLoop`` (the same loop the closed-loop
   benchmark runs) over this module's adapters: it reads the runner's metrics records
   since its cursor straight from the run's Redis stream (fresher than the database, and
   with every field), restores the run's ``LiveController`` (forecaster, fitted model,
@@ -29,7 +29,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from control import live
-from control.closedloop import ControlLoop, Outcome
+from control.controlloop import ControlLoop, Outcome
 from control.models import Decision, DecisionOutcome, Policy
 from control.strategies.mpc import Config
 from pipelines import actions, launch
@@ -217,7 +217,7 @@ class _CeleryActuator:
 
 
 def control_loop(run: Run, policy: Policy, r: Any) -> ControlLoop:
-    """The product's adapters around the one control loop (``control.closedloop``), under
+    """The product's adapters around the one control loop (``control.controlloop``), under
     ``policy``: the run's version of it (``Run.policy_in_force``)."""
     return ControlLoop(policy=loop_policy(policy, run), metrics=_RunMetrics(run, r),
                        configuration=_RunConfiguration(run),

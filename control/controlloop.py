@@ -13,7 +13,7 @@ the thesis' MAPE loop (ch. 6, Fig. 6.2: monitor -> forecast -> decide -> act):
 4. **realise**: a pending decision goes to the :class:`Actuator`, which sends the runner
    commands (``control.live.reconfiguration_commands``) and later reports how it ended.
 
-The product (``control.loop``: Redis stream, database, Celery) and the closed-loop
+The product (``control.ticks``: Redis stream, database, Celery) and the closed-loop
 benchmark (``pipelines.runtime.bench.closedloop.run_loop``: the runner harness) each supply these
 five adapters and call the same :meth:`ControlLoop.tick`.
 """
