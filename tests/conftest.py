@@ -30,6 +30,21 @@ ROOT = Path(__file__).resolve().parents[1]
 DATABASE_LANE_FILES = ("test_plan_spark.py", "test_elastic_spark.py")
 
 
+def folder_marker(conftest_file: str, marker: str) -> Callable[[list[pytest.Item]], None]:
+    """The ``pytest_collection_modifyitems`` hook of a folder's conftest: it gives every
+    test below that folder the folder's marker (before ``-m`` selects by it)."""
+    here = Path(conftest_file).resolve().parent
+    mark = getattr(pytest.mark, marker)
+
+    @pytest.hookimpl(tryfirst=True)
+    def mark_the_folder(items: list[pytest.Item]) -> None:
+        for item in items:
+            if here in Path(item.path).resolve().parents:
+                item.add_marker(mark)
+
+    return mark_the_folder
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers it adds
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """make test runs dbless tests once, single_pass tests only on SQLite and

@@ -1,15 +1,6 @@
 """tests/faults/: faults caused for real (a Redis killed and restarted, a runner SIGKILLed, a process ignoring SIGTERM). Every test here carries the ``faults`` marker."""
 from __future__ import annotations
 
-from pathlib import Path
+from tests.conftest import folder_marker
 
-import pytest
-
-HERE = Path(__file__).resolve().parent
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m selects by the markers
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE in Path(item.path).resolve().parents:
-            item.add_marker(pytest.mark.faults)
+pytest_collection_modifyitems = folder_marker(__file__, "faults")
