@@ -41,7 +41,8 @@ SUMMARY_FIELDS = list(engine.SUMMARY_FIELDS)
 
 
 # A comparison's cost is measured before it is queued: each strategy runs a few steps
-# (all of them within PROBE_BUDGET_S). A run's first steps cost several times its later
+# on its share of PROBE_BUDGET_S (the whole probe stops past twice it; a step already
+# started always finishes). A run's first steps cost several times its later
 # ones (3-7x here: the forecasters' short history, the start of the trace), so the
 # probe's mean would refuse comparisons that fit; the cheapest step of each strategy
 # extrapolates to a lower bound instead, and the time limit stops what it missed.
