@@ -62,6 +62,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     _flush_retries_a_deadlock()
+    from django.conf import settings
+
+    # The tests' own process keeps no warm standby, as the live stack's services do
+    # not: a reconciler pass run in-process would otherwise start one that no test
+    # stops and that outlives the suite. test_standby.py starts its standby itself.
+    settings.STANDBY_RUNNERS = 0
 
 
 # Where the Spark tests' time went: per test, its wall time and its harness runs'
