@@ -112,7 +112,8 @@ def launch_standby(master: str) -> tuple[str, int]:
                            redis_url=busmod.public_url(settings.REDIS_URL),
                            master_url=master, work_dir=str(work),
                            max_workers=settings.STANDBY_MAX_WORKERS,
-                           executor_memory=settings.EXECUTOR_MEMORY)
+                           executor_memory=settings.EXECUTOR_MEMORY,
+                           runs=max(1, settings.STANDBY_RUNS))
     secretfile.write_private(work / "standby.json", json.dumps(asdict(cfg), indent=1))
     r = busmod.connect(settings.REDIS_URL)
     # Counted as alive at once, before its Python has started and set this itself.
@@ -128,6 +129,11 @@ def standby_ids(r: Any) -> set[str]:
     return {key.split(":")[2] for key in r.scan_iter("streamwise:standby:*:alive")}
 
 
+def serving_standby_ids(r: Any) -> set[str]:
+    """Standbys serving a run after which they offer themselves again (STANDBY_RUNS)."""
+    return {key.split(":")[2] for key in r.scan_iter("streamwise:standby:*:serving")}
+
+
 def maintain_standbys(settling_runs: int) -> str | None:
     """Start a standby when fewer than STANDBY_RUNNERS live, unless a run is starting or
     just started (a standby's warm-up would compete with it for the cores). Returns the
@@ -135,7 +141,7 @@ def maintain_standbys(settling_runs: int) -> str | None:
     if settings.STANDBY_RUNNERS < 1 or settling_runs:
         return None
     r = busmod.connect(settings.REDIS_URL)
-    if len(standby_ids(r)) >= settings.STANDBY_RUNNERS:
+    if len(standby_ids(r) | serving_standby_ids(r)) >= settings.STANDBY_RUNNERS:
         return None
     try:
         master = master_url()

@@ -212,26 +212,32 @@ def spark_cluster() -> Iterator[Any]:
     (Path(settings.SPARK_DIR) / "cluster.json").unlink(missing_ok=True)
 
 
+# How many harness runs one standby serves before a fresh one takes over.
+STANDBY_RUNS = 8
+
+
 @pytest.fixture(scope="session")
 def standby_pool(spark_cluster: Any, tmp_path_factory: pytest.TempPathFactory
                  ) -> Iterator[Any]:
     """Warm standby runners for the harness's runs (``harness.StandbyPool``): each run
-    adopts one that warmed up while the previous test worked, instead of paying a
-    Spark application's start itself. ``STREAMWISE_TEST_STANDBYS=0`` starts every
-    run cold."""
+    adopts one instead of paying a Spark application's start itself, and a run that
+    stops cleanly gives it back for the next test (``STANDBY_RUNS`` runs each: a
+    fresh application now and then bounds what a long-lived driver accumulates).
+    ``STREAMWISE_TEST_STANDBYS=0`` starts every run cold."""
     from pipelines.runtime.runner.harness import StandbyPool
 
     if os.environ.get("STREAMWISE_TEST_STANDBYS", "1") == "0":
         yield None
         return
     pool = StandbyPool(tmp_path_factory.mktemp("standbys"), spark_cluster.master_url,
-                       os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")).start()
+                       os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                       runs_per_standby=STANDBY_RUNS).start()
     try:
         yield pool
     finally:
         pool.close()
-        print(f"\nstandby pool: {pool.adopted} runs adopted a warm standby, "
-              f"{pool.cold} started cold")
+        print(f"\nstandby pool: {pool.adopted} runs adopted a warm standby "
+              f"({pool.reused} one that had served a run before), {pool.cold} started cold")
 
 
 @pytest.fixture(autouse=True)
@@ -272,6 +278,10 @@ def one_worker(spark_cluster: Any) -> Callable[[dict[str, Any]], Any]:
     return measure
 
 
+# How many runs the live stack's standby serves before a fresh one takes over.
+LIVE_STANDBY_RUNS = 20
+
+
 @pytest.fixture(scope="session")
 def live_stack(django_db_setup: Any, django_db_blocker: Any,
                spark_cluster: Any) -> Iterator[Stack]:
@@ -285,9 +295,13 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
     logs = Path(settings.VAR_DIR) / "test-logs"
     logs.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    # No standby runners by default: each would hold an executor and warm up beside the
-    # runs under test (test_standby.py starts its own).
-    env = dict(os.environ, DATABASE_URL=db_url, RECONCILE_EVERY_S="1", STANDBY_RUNNERS="0",
+    # One standby runner that serves run after run (STANDBY_RUNS): each test's run
+    # adopts it instead of paying an application's start. The alone pass turns it off
+    # (STREAMWISE_TEST_LIVE_STANDBYS=0): a standby's warm-up beside its calibration
+    # would change the machine the calibration measures.
+    standbys = os.environ.get("STREAMWISE_TEST_LIVE_STANDBYS", "1")
+    env = dict(os.environ, DATABASE_URL=db_url, RECONCILE_EVERY_S="1",
+               STANDBY_RUNNERS=standbys, STANDBY_RUNS=str(LIVE_STANDBY_RUNS),
                RUNNER_START_GRACE_S="60", PYTHONUNBUFFERED="1")
     py = sys.executable
     commands = {
@@ -326,6 +340,11 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+        # Its standby is a detached process (as in the product): once beat and the
+        # worker are gone, nothing starts another.
+        from pipelines import launch
+
+        launch.stop_standbys()
         _end_other_sessions(django_db_blocker)
 
 

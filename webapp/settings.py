@@ -220,6 +220,9 @@ STANDBY_RUNNERS = int(os.environ.get("STANDBY_RUNNERS", "1"))
 # start cold. The standby launches these executors once and keeps one.
 STANDBY_MAX_WORKERS = int(os.environ.get("STANDBY_MAX_WORKERS", "4"))
 STANDBY_ROOT = Path(os.environ.get("STANDBY_ROOT", VAR_DIR / "standby"))
+# How many runs one standby serves one after another (a run that stopped cleanly hands
+# the application back, reset). 1: every run gets an application no run used before.
+STANDBY_RUNS = int(os.environ.get("STANDBY_RUNS", "1"))
 # A new standby is started only when no run started within this many seconds.
 STANDBY_QUIET_S = float(os.environ.get("STANDBY_QUIET_S", "30"))
 # A run that has been "starting" this long without a heartbeat is lost.

@@ -14,7 +14,6 @@ pytestmark = pytest.mark.spark
 @pytest.mark.django_db(transaction=True)
 def test_run_metrics_reach_the_db_and_workers_change(live_stack, operator) -> None:
     from pipelines import actions
-    from pipelines.launch import process_state
     from pipelines.models import MetricSample, Run
 
     pipeline, policy = make_pipeline_and_policy(operator, "spark-e2e", max_workers=2)
@@ -61,7 +60,23 @@ def test_run_metrics_reach_the_db_and_workers_change(live_stack, operator) -> No
         stop_and_wait(run.pk, operator)
     run.refresh_from_db()
     assert run.status == "stopped", run.status_reason
-    wait_for(lambda: process_state(run.runner_pid) != "alive", 30, "the runner to exit")
+    wait_for(lambda: runner_done(run.runner_pid), 30,
+             "the runner to exit (or, adopted from a standby, to offer it again)")
+
+
+def runner_done(pid: int) -> bool:
+    """The run's runner process has ended, or it was a standby that serves further runs
+    (the live stack's, STANDBY_RUNS) and is offered again: no run of its left."""
+    from django.conf import settings
+
+    from pipelines.launch import process_state
+    from pipelines.runtime import bus as busmod
+    from pipelines.runtime.runner import standby as sb
+
+    if process_state(pid) != "alive":
+        return True
+    r = busmod.connect(settings.REDIS_URL)
+    return any(sb.Offer.from_json(raw).pid == pid for raw in r.lrange(sb.READY_KEY, 0, -1))
 
 
 @pytest.mark.single_pass

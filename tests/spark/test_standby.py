@@ -36,8 +36,12 @@ def test_a_standby_fits_only_runs_its_application_can_serve() -> None:
 @pytest.mark.spark
 @pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
-def test_a_run_adopts_a_warm_standby_and_scales_from_it(live_stack, operator,
-                                                        spark_cluster) -> None:
+def test_a_run_adopts_a_warm_standby_scales_from_it_and_hands_it_to_the_next_run(
+        live_stack, operator, spark_cluster) -> None:
+    """The live stack keeps one standby that serves run after run (``STANDBY_RUNS`` in
+    its environment, as an operator would set it): the reconciler started it, a run
+    adopts it and scales from it, and after that run's clean stop the same process and
+    application, reset to one executor, serve the next run."""
     from django.conf import settings
 
     from pipelines import actions, launch
@@ -46,32 +50,36 @@ def test_a_run_adopts_a_warm_standby_and_scales_from_it(live_stack, operator,
     from pipelines.runtime import bus as busmod
     from pipelines.runtime.runner import standby as sb
 
+    assert live_stack.env["STANDBY_RUNS"] != "1" and live_stack.env["STANDBY_RUNNERS"] == "1"
     r = busmod.connect(settings.REDIS_URL)
-    r.delete(sb.READY_KEY)
-    standby_id, pid = launch.launch_standby(spark_cluster.master_url)
-    run = None
-    try:
-        wait_for(lambda: r.llen(sb.READY_KEY) >= 1 or process_state(pid) != "alive", 300,
-                 "the standby's offer")
-        assert process_state(pid) == "alive", launch.tail(
-            Path(settings.STANDBY_ROOT) / standby_id / "standby.log", 20)
-        offer = sb.Offer.from_json(r.lindex(sb.READY_KEY, 0))
-        assert (offer.standby_id, offer.pid) == (standby_id, pid)
 
-        pipeline, policy = make_pipeline_and_policy(operator, "standby-run", max_workers=2)
+    def offered() -> sb.Offer | None:
+        raw = r.lindex(sb.READY_KEY, 0)
+        return sb.Offer.from_json(raw) if raw else None
+
+    # Warming beside earlier tests, or serving none while an earlier test's run ended.
+    offer = wait_for(offered, 300, "the live stack's standby to offer itself")
+    assert process_state(offer.pid) == "alive"
+    pipeline, policy = make_pipeline_and_policy(operator, "standby-run", max_workers=2)
+    runs = []
+    try:
         run = actions.create_run(pipeline, policy, operator)
+        runs.append(run)
         wait_for(lambda: run_status(run.pk) == "running", 120, "the run to be running")
         wait_for(lambda: MetricSample.objects.filter(run=run).count() >= 3, 120,
                  "3 metric samples in the DB")
         run.refresh_from_db()
         launched = run.events.get(kind="runner_launched")
-        assert launched.payload["standby"] == standby_id, launched.message
-        assert run.runner_pid == pid and run.spark_app_id == offer.app_id
-        assert r.llen(sb.READY_KEY) == 0  # claimed: offered to nobody else
+        assert launched.payload["standby"] == offer.standby_id, launched.message
+        assert run.runner_pid == offer.pid and run.spark_app_id == offer.app_id
+        assert offered() is None  # claimed: offered to nobody else
+        # Serving a run it will outlive: counted, so the reconciler starts no other.
+        assert r.exists(sb.serving_key(offer.standby_id))
+        assert launch.serving_standby_ids(r) == {offer.standby_id}
         for s in MetricSample.objects.filter(run=run):
             assert s.records > 0 and s.workers == 1
         log = (Path(run.checkpoint_dir) / "runner.log").read_text()
-        assert f"adopted standby {standby_id}" in log
+        assert f"adopted standby {offer.standby_id}" in log
 
         # The adopted application scales like a cold one (its target was one executor).
         actions.request_workers(run, 2, operator)
@@ -81,10 +89,24 @@ def test_a_run_adopts_a_warm_standby_and_scales_from_it(live_stack, operator,
         ack = run.events.get(kind__in=outcomes)
         assert ack.kind == "reconfigured", ack.message
         assert ack.payload["workers"] == 2 and Run.objects.get(pk=run.pk).workers == 2
+        stop_and_wait(run.pk, operator)
+        run.refresh_from_db()
+        assert run.status == "stopped", run.status_reason
+
+        # The same process and application offer themselves again, back to one
+        # executor, and the next run starts on them with one worker.
+        again = wait_for(offered, 120, "the standby's offer after the run")
+        assert (again.standby_id, again.pid, again.app_id) == (
+            offer.standby_id, offer.pid, offer.app_id)
+        assert process_state(offer.pid) == "alive"
+        second = actions.create_run(pipeline, policy, operator)
+        runs.append(second)
+        wait_for(lambda: MetricSample.objects.filter(run=second).count() >= 2, 120,
+                 "2 metric samples of the second run")
+        second.refresh_from_db()
+        assert second.events.get(kind="runner_launched").payload["standby"] == offer.standby_id
+        assert (second.runner_pid, second.spark_app_id) == (offer.pid, offer.app_id)
+        assert all(s.workers == 1 for s in MetricSample.objects.filter(run=second))
     finally:
-        if run is not None:
+        for run in runs:
             stop_and_wait(run.pk, operator)
-        launch.stop_standbys()
-    run.refresh_from_db()
-    assert run.status == "stopped", run.status_reason
-    wait_for(lambda: process_state(pid) != "alive", 30, "the runner to exit")

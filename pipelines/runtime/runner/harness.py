@@ -38,34 +38,50 @@ STANDBY_END_GRACE_S = 15.0
 
 
 class StandbyPool:
-    """Standby runners (``pipelines.runtime.runner.standby``) for a series of harness runs: one
-    warms up while the previous run works, and the next ``RunnerProcess`` adopts it
-    instead of starting cold (the driver's JVM and SparkContext, an executor, the first
-    micro-batch's class loading and Python workers: most of a short run's start, paid
-    once per run otherwise). Its standbys offer themselves on the pool's own Redis list,
-    so the control plane never claims them.
+    """Standby runners (``pipelines.runtime.runner.standby``) for a series of harness runs:
+    the next ``RunnerProcess`` adopts a warm one instead of starting cold (the driver's
+    JVM and SparkContext, an executor, the first micro-batch's class loading and Python
+    workers: most of a short run's start, paid once per run otherwise). Its standbys
+    offer themselves on the pool's own Redis lists, so the control plane never claims
+    them.
 
-    A new standby is started ``quiet_s`` after a run adopted the last one, not at
-    once: the adopting run's own start (its first batch, a second executor) would
-    otherwise compete with the warm-up for the cores. A run that comes sooner starts
-    it at once and waits for it (a cold start beside a warm-up would pay both). A run
-    the pool cannot serve (one it does not fit, or a standby that failed) starts
+    With ``runs_per_standby`` > 1 a standby serves that many runs one after another: a
+    run that stopped cleanly gives it back (``RunnerProcess.stop``), reset to one
+    executor and no query, and the next run adopts the same application. On the 2-core
+    test machine a standby's own start took 42-200 s beside the other lane's tests
+    (its warm-up 20-98 s of that): paid once per run, it was most of the Spark tests'
+    start-up time and it took cores from the tests beside it.
+
+    A new standby is started ``quiet_s`` after a run adopted the last one (or after a
+    lent one was lost: a run terminated or failed, a standby that served its last run),
+    not at once: the adopting run's own start (its first batch, a second executor)
+    would otherwise compete with the warm-up for the cores. A run that comes sooner
+    starts it at once and waits for it (a cold start beside a warm-up would pay both).
+    A run the pool cannot serve (one it does not fit, or a standby that failed) starts
     cold, as without a pool."""
 
     def __init__(self, work: Path, master_url: str, redis_url: str, max_workers: int = 4,
-                 executor_memory: str = "512m", quiet_s: float = 15.0) -> None:
+                 executor_memory: str = "512m", quiet_s: float = 15.0,
+                 runs_per_standby: int = 1) -> None:
         self.work = Path(work)
         self.master_url, self.redis_url = master_url, redis_url
         self.max_workers, self.executor_memory = max_workers, executor_memory
         self.quiet_s = quiet_s
-        self.ready_key = f"streamwise:standby:pool:{uuid.uuid4().hex[:8]}:ready"
+        self.runs_per_standby = runs_per_standby
+        self.key_prefix = f"streamwise:standby:pool:{uuid.uuid4().hex[:8]}"
         self.r = busmod.connect(redis_url)
         self._lock = threading.Lock()
-        self._next: tuple[str, subprocess.Popen] | None = None
+        # Standbys warming or waiting for a run, oldest first: (id, process).
+        self._idle: list[tuple[str, subprocess.Popen]] = []
+        self._served: dict[str, int] = {}
         self._timer: threading.Timer | None = None
         self._closed = False
         self.adopted = 0
+        self.reused = 0  # of the adopted: by a standby that had served a run before
         self.cold = 0
+
+    def ready_key(self, standby_id: str) -> str:
+        return f"{self.key_prefix}:{standby_id}:ready"
 
     def start(self) -> StandbyPool:
         self._launch()
@@ -73,7 +89,7 @@ class StandbyPool:
 
     def _launch(self) -> None:
         with self._lock:
-            if self._closed or self._next is not None:
+            if self._closed or self._idle:
                 return
             standby_id = uuid.uuid4().hex[:12]
             work = self.work / standby_id
@@ -83,7 +99,8 @@ class StandbyPool:
                                    master_url=self.master_url, work_dir=str(work),
                                    max_workers=self.max_workers,
                                    executor_memory=self.executor_memory,
-                                   ready_key=self.ready_key)
+                                   ready_key=self.ready_key(standby_id),
+                                   runs=self.runs_per_standby)
             secretfile.write_private(work / "standby.json",
                                      json.dumps(asdict(cfg), indent=1))
             proc = subprocess.Popen([sys.executable, "-m", "pipelines.runtime.runner",
@@ -91,7 +108,8 @@ class StandbyPool:
                                     stdout=open(work / "standby.log", "ab"),
                                     stderr=subprocess.STDOUT,
                                     env=_runner_env(self.redis_url))
-            self._next = (standby_id, proc)
+            self._served[standby_id] = 0
+            self._idle.append((standby_id, proc))
 
     def take(self, run_config: dict[str, Any], timeout_s: float = 300.0
              ) -> tuple[str, subprocess.Popen] | None:
@@ -101,9 +119,10 @@ class StandbyPool:
             # Runs in quick succession: start the next standby now and wait for it,
             # rather than start this run cold beside its warm-up.
             self._timer.cancel()
-            self._launch()
+            self._timer = None
+        self._launch()
         with self._lock:
-            pending, self._next = self._next, None
+            pending = self._idle[0] if self._idle else None
         if pending is None:  # closed
             self.cold += 1
             return None
@@ -111,22 +130,47 @@ class StandbyPool:
         offer = sb.Offer(standby_id, proc.pid, self.master_url, self.max_workers,
                          self.executor_memory, "", 0.0)
         if sb.fits(offer, run_config) is not None:
-            with self._lock:
-                self._next = pending  # kept for a run it fits
-            self.cold += 1
+            self.cold += 1  # kept for a run it fits
             return None
+        with self._lock:
+            self._idle.remove(pending)
         deadline = time.monotonic() + timeout_s
         while proc.poll() is None and time.monotonic() < deadline:
-            got = self.r.blpop([self.ready_key], timeout=1)
-            # Another offer is one of a standby the pool already gave up on.
+            got = self.r.blpop([self.ready_key(standby_id)], timeout=1)
             if got is not None and sb.Offer.from_json(got[1]).standby_id == standby_id:
                 self.adopted += 1
-                self._launch_later()
+                self.reused += self._served[standby_id] > 0
+                self._served[standby_id] += 1
+                if self._served[standby_id] >= self.runs_per_standby:
+                    self._launch_later()  # it ends with this run
                 return standby_id, proc
         _end(proc, STANDBY_END_GRACE_S)
         self.cold += 1
         self._launch_later()
         return None
+
+    def reusable(self, standby_id: str) -> bool:
+        """Whether the standby serves another run after the one it serves now."""
+        return self._served.get(standby_id, self.runs_per_standby) < self.runs_per_standby
+
+    def give_back(self, standby_id: str, proc: subprocess.Popen) -> None:
+        """A run on ``standby_id`` stopped cleanly: the standby resets its session and
+        offers itself again, for the next run."""
+        with self._lock:
+            if not self._closed and proc.poll() is None:
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                self._idle.insert(0, (standby_id, proc))
+                return
+        _end(proc, STANDBY_END_GRACE_S)
+
+    def lost(self, standby_id: str) -> None:
+        """A run on ``standby_id`` ended its process (terminated, failed, or its
+        standby's last run): warm a new standby soon."""
+        if self.runs_per_standby > 1 and self.reusable(standby_id):
+            self._served[standby_id] = self.runs_per_standby
+            self._launch_later()
 
     def _launch_later(self) -> None:
         if self._timer is not None:
@@ -137,15 +181,16 @@ class StandbyPool:
         timer.start()
 
     def close(self) -> None:
-        """End the standby still warming or waiting (it withdraws its offer)."""
+        """End the standbys still warming or waiting (they withdraw their offers)."""
         with self._lock:
             self._closed = True
-            pending, self._next = self._next, None
+            idle, self._idle = self._idle, []
         if self._timer is not None:
             self._timer.cancel()
-        if pending is not None:
-            _end(pending[1], STANDBY_END_GRACE_S)
-        self.r.delete(self.ready_key)
+        for _standby_id, proc in idle:
+            _end(proc, STANDBY_END_GRACE_S)
+        for standby_id in self._served:
+            self.r.delete(self.ready_key(standby_id))
 
 
 def _runner_env(redis_url: str) -> dict[str, str]:
@@ -182,6 +227,8 @@ class RunnerProcess:
                        "master_url": master_url, "checkpoint_dir": str(self.work),
                        "definition": definition, **config}
         self.proc: subprocess.Popen | None = None
+        # The pool and standby this run adopted, to give it back after a clean stop.
+        self.standby: tuple[StandbyPool, str] | None = None
         self.metrics: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self._cursor = {busmod.metrics_key(self.bus_key): "0-0",
@@ -202,6 +249,7 @@ class RunnerProcess:
         if pool is not None and warm is not None:
             standby_id, self.proc = warm
             self.warm = True
+            self.standby = (pool, standby_id)
             pool.r.rpush(sb.config_key(standby_id), str(self.work / "runner.json"))
             return self
         log = open(self.work / "runner.log", "ab")
@@ -225,17 +273,41 @@ class RunnerProcess:
         ``grace_s`` (its driver JVM exits with it; its executors with the cluster)."""
         if self.proc is not None:
             _end(self.proc, grace_s)
+        self._release()
 
     def stop(self, timeout_s: float = 90.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
+            self._release()
             return
         self.bus.send_command("stop", reason="harness")
+        if self.standby is not None and self.standby[0].reusable(self.standby[1]):
+            # The standby stays up for the next run: the run's end is its last event.
+            deadline = time.monotonic() + timeout_s
+            while not any(e["type"] == "stopped" for e in self.events):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    break
+                self.poll()
+            else:
+                pool, standby_id = self.standby
+                self.standby = None
+                # No longer this run's process: a later terminate() must not end it.
+                proc, self.proc = self.proc, None
+                pool.give_back(standby_id, proc)
+                return
         try:
-            self.proc.wait(timeout=timeout_s)
+            self.proc.wait(timeout=max(1.0, timeout_s))
         except subprocess.TimeoutExpired:
             self.proc.terminate()
             self.proc.wait(timeout=30)
         self.poll(block_ms=10)
+        self._release()
+
+    def _release(self) -> None:
+        """The adopted standby's process ended with this run: the pool warms another."""
+        if self.standby is not None:
+            pool, standby_id = self.standby
+            self.standby = None
+            pool.lost(standby_id)
 
     def start_up(self) -> dict[str, float | bool | None]:
         """Seconds from ``start`` to the Spark application (the driver's JVM and

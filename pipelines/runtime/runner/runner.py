@@ -102,11 +102,16 @@ class RunnerConfig:
 
 class Runner:
     def __init__(self, cfg: RunnerConfig, bus: busmod.RunnerBus,
-                 session: Any = None, standby_id: str | None = None) -> None:
+                 session: Any = None, standby_id: str | None = None,
+                 keep_session: bool = False) -> None:
         self.cfg = cfg
         self.bus = bus
         self.adopted_session = session  # a standby's warm SparkSession, if adopted
         self.standby_id = standby_id
+        # A standby that serves further runs keeps its session after this one
+        # (standby.StandbyConfig.runs): the run's end stops its query, not Spark.
+        self.keep_session = keep_session
+        self.listener: Any = None
         self.spec = definition.validate(cfg.definition)
         self.stop_event = threading.Event()
         # Ids of the commands received: a resend of the same request is not applied twice.
@@ -268,7 +273,8 @@ class Runner:
         self.t0 = self.cfg.t0 or time.time()
         # The verifier needs the schedule clock the records were generated against.
         (self.run_dir / "t0").write_text(json.dumps({"t0": self.t0}))
-        self.spark.streams.addListener(MetricsListener(self.metrics.on_progress))
+        self.listener = MetricsListener(self.metrics.on_progress)
+        self.spark.streams.addListener(self.listener)
         assert checkpoint == self.generation.checkpoint
         self.start_generation(self.generation, self.spec)
         self.generation.adopted = True
@@ -367,7 +373,10 @@ class Runner:
                 self.query.stop()
             except Exception:  # stopping a failed query can raise; we are leaving anyway
                 pass
-        if self.spark is not None:
+        if self.spark is not None and self.keep_session:
+            if self.listener is not None:
+                self.spark.streams.removeListener(self.listener)
+        elif self.spark is not None:
             self.spark.stop()
         self.end_heartbeat()
         self.bus.publish_event(RunnerEvent.STOPPED, reason=self.stop_reason,
@@ -487,25 +496,37 @@ def main(argv: list[str] | None = None) -> int:
 SIGTERM_EXIT_S = 8.0
 
 
-def run_main(config_path: str, session: Any = None, standby_id: str | None = None) -> int:
-    """Run one run from its config file (in a standby: on the standby's session)."""
+def run_main(config_path: str, session: Any = None, standby_id: str | None = None,
+             keep_session: bool = False) -> int:
+    """Run one run from its config file (in a standby: on the standby's session).
+    ``keep_session``: leave the session up after a clean stop, for a standby that
+    serves further runs."""
+    rc, _ = _run_one(config_path, session, standby_id, keep_session)
+    return rc
+
+
+def _run_one(config_path: str, session: Any, standby_id: str | None,
+             keep_session: bool) -> tuple[int, bool]:
+    """``run_main``'s work: (exit code, whether the session is up for another run)."""
     try:
         cfg = RunnerConfig.load(config_path)
         runner_bus = busmod.RunnerBus(busmod.connect(cfg.redis_url), cfg.bus_key)
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: bad runner config {config_path}: {exc}", file=sys.stderr)
-        return 2
+        return 2, False
     runner_bus.heartbeat(pid=os.getpid(), phase="starting", batches=0, workers=0)
     try:
-        runner = Runner(cfg, runner_bus, session=session, standby_id=standby_id)
+        runner = Runner(cfg, runner_bus, session=session, standby_id=standby_id,
+                        keep_session=keep_session)
     except definition.DefinitionError as exc:
         runner_bus.publish_event(RunnerEvent.FAILED, reason=f"invalid definition: {exc}")
-        return 1
+        return 1, False
     signal.signal(signal.SIGTERM, lambda *_: runner.terminate())
     signal.signal(signal.SIGINT, lambda *_: runner.request_stop("SIGINT"))
     try:
         runner.run()
-        return 0
+        # A signal's stop ends the process whatever its standby would serve next.
+        return 0, keep_session and runner.stop_reason not in ("SIGTERM", "SIGINT")
     except BaseException as exc:
         traceback.print_exc()
         runner.end_heartbeat()
@@ -515,7 +536,7 @@ def run_main(config_path: str, session: Any = None, standby_id: str | None = Non
                 runner.spark.stop()
             except Exception:
                 pass
-        return 1
+        return 1, False
     finally:
         runner.stop_event.set()
         runner.end_heartbeat()
@@ -541,18 +562,39 @@ def standby_main(standby_path: str) -> int:
         timer.daemon = True
         timer.start()
 
-    signal.signal(signal.SIGTERM, withdraw)
-    signal.signal(signal.SIGINT, lambda *_: node.stop.set())
-    try:
-        config_path = node.serve()
-    except BaseException:
-        traceback.print_exc()
-        node.close()
-        return 1
-    if config_path is None:
-        print(f"standby {cfg.standby_id} withdrawn", flush=True)
-        node.close()
-        return 0
+    served = 0
+    config_path = None
+    while True:
+        signal.signal(signal.SIGTERM, withdraw)
+        signal.signal(signal.SIGINT, lambda *_: node.stop.set())
+        try:
+            config_path = node.serve() if served == 0 else node.serve_again()
+        except BaseException:
+            traceback.print_exc()
+            node.close()
+            return 1
+        if config_path is None:
+            print(f"standby {cfg.standby_id} withdrawn", flush=True)
+            node.close()
+            return 0
+        served += 1
+        rc, reusable = _adopted(node, standby_path, config_path, keep=served < cfg.runs)
+        if not reusable:
+            return rc
+        # Back to the standby's own log until the next run adopts it.
+        with open(Path(standby_path).with_name("standby.log"), "ab", buffering=0) as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+        print(f"standby {cfg.standby_id} served run {served} of {cfg.runs} "
+              f"({config_path})", flush=True)
+
+
+def _adopted(node: Any, standby_path: str, config_path: str, keep: bool) -> tuple[int, bool]:
+    """Run the adopting run on the standby's session: (exit code, whether the session
+    is up for another run)."""
+    from pipelines.runtime.runner import standby as sb
+
+    cfg = node.cfg
     node.r.delete(sb.alive_key(cfg.standby_id))
     # From here on this process is the run's runner: its log is the run's runner.log
     # (the JVM's own output stays in the standby's log, named there).
@@ -566,7 +608,16 @@ def standby_main(standby_path: str) -> int:
         os.dup2(log.fileno(), 2)
     print(f"adopted standby {cfg.standby_id} (app {node.offer.app_id if node.offer else '?'}"
           f"); Spark's own log: {Path(standby_path).with_name('standby.log')}", flush=True)
-    return run_main(config_path, session=node.spark, standby_id=cfg.standby_id)
+    done = threading.Event()
+    if keep:
+        node.serving(done)
+    try:
+        rc, reusable = _run_one(config_path, node.spark, cfg.standby_id, keep)
+    finally:
+        done.set()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return rc, reusable
 
 
 if __name__ == "__main__":

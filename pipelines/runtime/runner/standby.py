@@ -13,7 +13,11 @@ application. So a standby pays it before anyone clicks Start: it builds the sess
 source and sink, and then offers itself on Redis. ``start_run`` claims a fitting offer
 (``fits``) and hands it the run's config; the standby becomes that run's runner (same
 process, same pid, the run's SQL confs applied) and its log continues in the run's
-``runner.log``. What it cannot change (``spark.cores.max``, executor memory, a custom
+``runner.log``. A standby configured to serve more than one run (``StandbyConfig.runs``:
+the test harness's pool) goes back to waiting after a run that stopped cleanly, its
+session reset (``Standby.reset``: no query, no listener, one executor), so a series of
+short runs pays the application's start once; the control plane's standbys serve one
+run each, so no run shares an application with another user's earlier one. What it cannot change (``spark.cores.max``, executor memory, a custom
 ``spark.locality.wait``, the cluster) decides whether it fits; a run it does not fit
 gets a cold runner as before.
 
@@ -23,6 +27,8 @@ Redis contract (no Django here):
 * ``alive_key(id)``: set with a TTL while the standby process lives (from its start,
   before its session is up), so the control plane counts the standbys still warming.
 * ``config_key(id)``: the claimed standby BLPOPs the path of its run's config here.
+* ``serving_key(id)``: set with a TTL while it serves a run after which it offers
+  itself again.
 """
 from __future__ import annotations
 
@@ -60,6 +66,12 @@ def alive_key(standby_id: str) -> str:
     return f"streamwise:standby:{standby_id}:alive"
 
 
+def serving_key(standby_id: str) -> str:
+    """Set with a TTL while a standby serves a run it will outlive (``runs`` > 1): the
+    control plane counts it as a standby to come, not as one to replace."""
+    return f"streamwise:standby:{standby_id}:serving"
+
+
 def config_key(standby_id: str) -> str:
     return f"streamwise:standby:{standby_id}:config"
 
@@ -75,6 +87,8 @@ class StandbyConfig:
     # Where it offers itself: the control plane's list, or a harness pool's own
     # (harness.StandbyPool), whose standbys no run of the control plane may claim.
     ready_key: str = READY_KEY
+    # How many runs it serves one after another (see the module's docstring).
+    runs: int = 1
 
     @classmethod
     def load(cls, path: str | Path) -> StandbyConfig:
@@ -82,6 +96,8 @@ class StandbyConfig:
         cfg = cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
         if cfg.max_workers < 1:
             raise ValueError("max_workers must be >= 1")
+        if cfg.runs < 1:
+            raise ValueError("runs must be >= 1")
         return cfg
 
 
@@ -189,13 +205,49 @@ class Standby:
         executors.request_total(1)
         warm_s = warm_up(self.spark, Path(cfg.work_dir))
         executors.wait_for(1, 60, exact=True)  # the released extras have exited
+        print(f"standby {cfg.standby_id} warm after {time.perf_counter() - started:.1f}s "
+              f"(warm-up {warm_s:.1f}s), app {self.spark.sparkContext.applicationId}",
+              flush=True)
+        return self._offer_and_wait()
+
+    def serve_again(self) -> str | None:
+        """After a run that stopped cleanly on this standby's session: reset the session,
+        offer it again and wait for the next run, as ``serve`` does."""
+        started = time.perf_counter()
+        self.reset()
+        self.adopted.clear()
+        threading.Thread(target=self._alive_loop, name="alive", daemon=True).start()
+        print(f"standby {self.cfg.standby_id} reset in {time.perf_counter() - started:.1f}s",
+              flush=True)
+        return self._offer_and_wait()
+
+    def reset(self) -> None:
+        """Leave the session as ``serve`` leaves it: no streaming query, no streaming
+        listener (the run's ``Runner._shutdown`` removed its own), one executor and a target of
+        one. A run's SQL confs stay: every run sets its own (``apply_run_conf``)."""
+        from pipelines.runtime.elastic.executors import ExecutorControl
+        from pipelines.runtime.query.session import EXECUTOR_WAIT_S
+
+        for query in self.spark.streams.active:
+            query.stop()
+        self.spark.catalog.clearCache()
+        executors = ExecutorControl(self.spark)
+        executors.request_total(1)
+        ids = executors.ids()
+        for extra in reversed(ids[1:]):
+            executors.decommission(extra, "streamwise standby: back to one executor")
+        if len(executors.wait_for(1, 60 if ids else EXECUTOR_WAIT_S, exact=True)) != 1:
+            raise RuntimeError(f"the standby's executors did not return to one: "
+                               f"{executors.ids()}")
+
+    def _offer_and_wait(self) -> str | None:
+        cfg = self.cfg
         self.offer = Offer(cfg.standby_id, os.getpid(), cfg.master_url, cfg.max_workers,
                            cfg.executor_memory, self.spark.sparkContext.applicationId,
                            time.time())
         offer_json = self.offer.to_json()
         self.r.rpush(cfg.ready_key, offer_json)
-        print(f"standby {cfg.standby_id} ready after {time.perf_counter() - started:.1f}s "
-              f"(warm-up {warm_s:.1f}s), app {self.offer.app_id}", flush=True)
+        print(f"standby {cfg.standby_id} ready, app {self.offer.app_id}", flush=True)
         idle_until = time.monotonic() + MAX_IDLE_S
         jsc = self.spark.sparkContext._jsc.sc()
         while True:
@@ -215,6 +267,24 @@ class Standby:
                     self.adopted.set()
                     return got[1]
                 return None
+
+    def serving(self, done: threading.Event) -> None:
+        """Keep ``serving_key`` set until ``done``: a run it will outlive is under way."""
+        def loop() -> None:
+            key = serving_key(self.cfg.standby_id)
+            while True:
+                try:
+                    self.r.set(key, os.getpid(), ex=ALIVE_TTL_S)
+                except Exception as exc:  # Redis away for a moment: the TTL tells the rest
+                    print(f"standby heartbeat failed: {exc!r}", flush=True)
+                if done.wait(ALIVE_EVERY_S):
+                    break
+            try:
+                self.r.delete(key)
+            except Exception:  # its TTL ends it
+                pass
+
+        threading.Thread(target=loop, name="serving", daemon=True).start()
 
     def close(self) -> None:
         self.stop.set()
