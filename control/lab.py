@@ -46,6 +46,10 @@ SUMMARY_FIELDS = list(engine.SUMMARY_FIELDS)
 # ones (3-7x here: the forecasters' short history, the start of the trace), so the
 # probe's mean would refuse comparisons that fit; the cheapest step of each strategy
 # extrapolates to a lower bound instead, and the time limit stops what it missed.
+# Costs are this thread's CPU time, the budget wall time: a simulation runs on one
+# thread, so its wall time is at least its CPU time under any load, while a wall-clock
+# probe on a loaded machine (another process's batches, a CI lane beside) counted the
+# other processes' share as the comparison's own.
 PROBE_STEPS = 5
 PROBE_BUDGET_S = 2.0
 
@@ -64,7 +68,7 @@ def active_labs(user: Any) -> int:
 def estimate_seconds(scenario: dict[str, Any], stop_above: float = math.inf) -> float:
     """At least how long ``scenario`` takes to simulate here, in seconds: its set-up
     (parsing, building each strategy: measured) plus, for each strategy, its cheapest
-    probed step times its steps, measured on this machine under its current load.
+    probed step times its steps, in CPU seconds of this thread on this machine.
 
     Each strategy is probed on its own share of ``PROBE_BUDGET_S``, so that a cheap
     first strategy cannot stand for an expensive one; one that does not finish two
@@ -74,9 +78,9 @@ def estimate_seconds(scenario: dict[str, Any], stop_above: float = math.inf) -> 
     steps = int(scenario["steps"])
     specs = scenario["strategies"]
     share = PROBE_BUDGET_S / max(len(specs), 1)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.thread_time()
     scn = sim.parse_scenario({**scenario, "steps": min(steps, PROBE_STEPS)})
-    total = time.perf_counter() - started
+    total = time.thread_time() - cpu_started
     cheapest = math.inf
     for i, spec in enumerate(specs):
         if total > stop_above:
@@ -91,14 +95,16 @@ def estimate_seconds(scenario: dict[str, Any], stop_above: float = math.inf) -> 
 
 
 def _probe_strategy(scn: Any, spec: dict, index: int, share_s: float) -> tuple[float, float]:
-    """One strategy's cheapest step and set-up time, in seconds, on the probe."""
-    begun = time.perf_counter()
+    """One strategy's cheapest step and set-up time, in CPU seconds, on the probe (its
+    share of the budget in wall seconds)."""
+    begun = time.thread_time()
     label, controller = sim.build_controller(spec, scn, index)
-    stamps = [time.perf_counter()]
+    stamps = [time.thread_time()]
+    wall_start = time.perf_counter()
 
     def step_done(_t: int) -> None:
-        stamps.append(time.perf_counter())
-        spent = stamps[-1] - stamps[0]
+        stamps.append(time.thread_time())
+        spent = time.perf_counter() - wall_start
         if (len(stamps) > 2 and spent > share_s) or spent > PROBE_BUDGET_S:
             raise LabTimeLimit
 
@@ -110,7 +116,7 @@ def _probe_strategy(scn: Any, spec: dict, index: int, share_s: float) -> tuple[f
     gaps = [later - earlier for earlier, later in zip(stamps[1:], stamps[2:])]
     if gaps:  # the first step also holds the run's set-up: not one step's cost
         return min(gaps), set_up
-    return (time.perf_counter() - stamps[0]) / max(len(stamps) - 1, 1), set_up
+    return (time.thread_time() - stamps[0]) / max(len(stamps) - 1, 1), set_up
 
 
 def start_lab(user: Any, name: str, scenario: dict) -> LabRun:

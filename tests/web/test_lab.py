@@ -107,7 +107,11 @@ def browser():
 @pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
 def test_lab_in_the_browser_runs_on_celery(live_stack, operator, browser) -> None:
-    from selenium.common.exceptions import JavascriptException, WebDriverException
+    from selenium.common.exceptions import (
+        JavascriptException,
+        TimeoutException,
+        WebDriverException,
+    )
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -124,8 +128,13 @@ def test_lab_in_the_browser_runs_on_celery(live_stack, operator, browser) -> Non
         if not box.is_selected():
             box.click()
     browser.find_element(By.ID, "start-lab").click()
-    WebDriverWait(browser, 20).until(lambda d: "/lab/" in d.current_url
-                                     and d.current_url.rstrip("/").split("/")[-1].isdigit())
+    try:
+        WebDriverWait(browser, 60).until(lambda d: "/lab/" in d.current_url
+                                         and d.current_url.rstrip("/").split("/")[-1].isdigit())
+    except TimeoutException:
+        errors = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".error, .errorlist")]
+        pytest.fail(f"the Lab form did not start the comparison: {errors or 'no error shown'}"
+                    f" at {browser.current_url}")
     seen: list[int] = []
 
     def finished(d) -> bool:

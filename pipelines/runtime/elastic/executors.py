@@ -76,6 +76,26 @@ class ExecutorControl:
             self.decommission(extra, reason)
         return keep, extras
 
+    def trim_to(self, n: int, timeout_s: float, reason: str) -> list[str]:
+        """Before a query runs: decommission every executor past the first ``n``, those
+        that register late too, until exactly ``n`` are registered (or ``timeout_s``
+        passes; returns the ids then). Standalone launches ``spark.cores.max`` executors
+        at the application's start and a lower target kills none of them: on a loaded
+        machine some register after ``keep_first`` stopped waiting for them, and a
+        standby offered "one executor" with three (CI saw a run adopt it so)."""
+        self.request_total(n)
+        asked: set[str] = set()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ids = self.ids()
+            if len(ids) == n or time.monotonic() >= deadline:
+                return ids
+            for extra in ids[n:]:
+                if extra not in asked:
+                    self.decommission(extra, reason)
+                    asked.add(extra)
+            time.sleep(0.25)
+
     def start_scaling(self, n: int) -> tuple[list[str], list[str]]:
         """Ask for ``n`` executors now without waiting: raise the target, or decommission
         the newest extras. Returns (executors before, executors decommissioned)."""

@@ -60,6 +60,10 @@ WARM_UP_DEFINITION: dict[str, Any] = {
                "rate": {"kind": "constant", "records_per_s": 2000}},
 }
 WARM_UP_BATCHES = 2
+# How long a standby waits for its executors to come to exactly one (the extras
+# decommissioned and exited: ~6 s each here, longer on a loaded machine) before it
+# gives up rather than offer more than it promises.
+ONE_EXECUTOR_WAIT_S = 180.0
 
 
 def alive_key(standby_id: str) -> str:
@@ -204,7 +208,7 @@ class Standby:
                              "streamwise standby: keep one executor")
         executors.request_total(1)
         warm_s = warm_up(self.spark, Path(cfg.work_dir))
-        executors.wait_for(1, 60, exact=True)  # the released extras have exited
+        self._one_executor(executors)
         print(f"standby {cfg.standby_id} warm after {time.perf_counter() - started:.1f}s "
               f"(warm-up {warm_s:.1f}s), app {self.spark.sparkContext.applicationId}",
               flush=True)
@@ -226,19 +230,19 @@ class Standby:
         listener (the run's ``Runner._shutdown`` removed its own), one executor and a target of
         one. A run's SQL confs stay: every run sets its own (``apply_run_conf``)."""
         from pipelines.runtime.elastic.executors import ExecutorControl
-        from pipelines.runtime.query.session import EXECUTOR_WAIT_S
 
         for query in self.spark.streams.active:
             query.stop()
         self.spark.catalog.clearCache()
-        executors = ExecutorControl(self.spark)
-        executors.request_total(1)
-        ids = executors.ids()
-        for extra in reversed(ids[1:]):
-            executors.decommission(extra, "streamwise standby: back to one executor")
-        if len(executors.wait_for(1, 60 if ids else EXECUTOR_WAIT_S, exact=True)) != 1:
-            raise RuntimeError(f"the standby's executors did not return to one: "
-                               f"{executors.ids()}")
+        self._one_executor(ExecutorControl(self.spark))
+
+    def _one_executor(self, executors: Any) -> None:
+        """Exactly one executor registered, the rest (late ones too) decommissioned and
+        gone: what an offer promises a run (its first ``initial_workers`` are there)."""
+        ids = executors.trim_to(1, ONE_EXECUTOR_WAIT_S, "streamwise standby: keep one executor")
+        if len(ids) != 1:
+            raise RuntimeError(f"the standby's executors did not come to one within "
+                               f"{ONE_EXECUTOR_WAIT_S:g} s: {ids}")
 
     def _offer_and_wait(self) -> str | None:
         cfg = self.cfg
