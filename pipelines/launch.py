@@ -124,14 +124,10 @@ def launch_standby(master: str) -> tuple[str, int]:
     return standby_id, pid
 
 
-def standby_ids(r: Any) -> set[str]:
-    """Standbys alive (warming up or offered)."""
-    return {key.split(":")[2] for key in r.scan_iter("streamwise:standby:*:alive")}
-
-
-def serving_standby_ids(r: Any) -> set[str]:
-    """Standbys serving a run after which they offer themselves again (STANDBY_RUNS)."""
-    return {key.split(":")[2] for key in r.scan_iter("streamwise:standby:*:serving")}
+def standby_ids(r: Any, state: str = "alive") -> set[str]:
+    """Standbys alive (warming up or offered), or ``state="serving"``: serving a run after
+    which they offer themselves again (STANDBY_RUNS)."""
+    return {key.split(":")[2] for key in r.scan_iter(f"streamwise:standby:*:{state}")}
 
 
 def maintain_standbys(settling_runs: int) -> str | None:
@@ -141,7 +137,7 @@ def maintain_standbys(settling_runs: int) -> str | None:
     if settings.STANDBY_RUNNERS < 1 or settling_runs:
         return None
     r = busmod.connect(settings.REDIS_URL)
-    if len(standby_ids(r) | serving_standby_ids(r)) >= settings.STANDBY_RUNNERS:
+    if len(standby_ids(r) | standby_ids(r, "serving")) >= settings.STANDBY_RUNNERS:
         return None
     try:
         master = master_url()

@@ -64,9 +64,9 @@ def pytest_configure(config: pytest.Config) -> None:
     _flush_retries_a_deadlock()
     from django.conf import settings
 
-    # The tests' own process keeps no warm standby, as the live stack's services do
-    # not: a reconciler pass run in-process would otherwise start one that no test
-    # stops and that outlives the suite. test_standby.py starts its standby itself.
+    # The tests' own process keeps no warm standby (the live stack's services keep
+    # theirs): a reconciler pass run in-process would otherwise start one that no
+    # test stops and that outlives the suite.
     settings.STANDBY_RUNNERS = 0
 
 

@@ -75,7 +75,7 @@ def test_a_run_adopts_a_warm_standby_scales_from_it_and_hands_it_to_the_next_run
         assert offered() is None  # claimed: offered to nobody else
         # Serving a run it will outlive: counted, so the reconciler starts no other.
         assert r.exists(sb.serving_key(offer.standby_id))
-        assert launch.serving_standby_ids(r) == {offer.standby_id}
+        assert launch.standby_ids(r, "serving") == {offer.standby_id}
         for s in MetricSample.objects.filter(run=run):
             assert s.records > 0 and s.workers == 1
         log = (Path(run.checkpoint_dir) / "runner.log").read_text()

@@ -168,7 +168,7 @@ class StandbyPool:
     def lost(self, standby_id: str) -> None:
         """A run on ``standby_id`` ended its process (terminated, failed, or its
         standby's last run): warm a new standby soon."""
-        if self.runs_per_standby > 1 and self.reusable(standby_id):
+        if self.reusable(standby_id):
             self._served[standby_id] = self.runs_per_standby
             self._launch_later()
 
@@ -295,7 +295,7 @@ class RunnerProcess:
                 pool.give_back(standby_id, proc)
                 return
         try:
-            self.proc.wait(timeout=max(1.0, timeout_s))
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.terminate()
             self.proc.wait(timeout=30)

@@ -496,18 +496,17 @@ def main(argv: list[str] | None = None) -> int:
 SIGTERM_EXIT_S = 8.0
 
 
-def run_main(config_path: str, session: Any = None, standby_id: str | None = None,
-             keep_session: bool = False) -> int:
-    """Run one run from its config file (in a standby: on the standby's session).
-    ``keep_session``: leave the session up after a clean stop, for a standby that
-    serves further runs."""
-    rc, _ = _run_one(config_path, session, standby_id, keep_session)
+def run_main(config_path: str) -> int:
+    """Run one run from its config file, on a session of its own."""
+    rc, _ = _run_one(config_path, None, None, keep_session=False)
     return rc
 
 
 def _run_one(config_path: str, session: Any, standby_id: str | None,
              keep_session: bool) -> tuple[int, bool]:
-    """``run_main``'s work: (exit code, whether the session is up for another run)."""
+    """Run one run from its config file (in a standby: on the standby's session; with
+    ``keep_session``, left up after a clean stop for the standby's next run): (exit
+    code, whether the session is up for another run)."""
     try:
         cfg = RunnerConfig.load(config_path)
         runner_bus = busmod.RunnerBus(busmod.connect(cfg.redis_url), cfg.bus_key)

@@ -14,10 +14,11 @@ source and sink, and then offers itself on Redis. ``start_run`` claims a fitting
 (``fits``) and hands it the run's config; the standby becomes that run's runner (same
 process, same pid, the run's SQL confs applied) and its log continues in the run's
 ``runner.log``. A standby configured to serve more than one run (``StandbyConfig.runs``:
-the test harness's pool) goes back to waiting after a run that stopped cleanly, its
-session reset (``Standby.reset``: no query, no listener, one executor), so a series of
-short runs pays the application's start once; the control plane's standbys serve one
-run each, so no run shares an application with another user's earlier one. What it cannot change (``spark.cores.max``, executor memory, a custom
+the test harness's pool, the product's ``STANDBY_RUNS``, 1 by default so that no run
+shares an application with an earlier one) goes back to waiting after a run that
+stopped cleanly, its session reset (``Standby.reset``: no query, no listener, one
+executor), so a series of short runs pays the application's start once. What it
+cannot change (``spark.cores.max``, executor memory, a custom
 ``spark.locality.wait``, the cluster) decides whether it fits; a run it does not fit
 gets a cold runner as before.
 
@@ -179,13 +180,22 @@ class Standby:
         self.spark: Any = None
         self.offer: Offer | None = None
 
-    def _alive_loop(self) -> None:
-        while not (self.stop.is_set() or self.adopted.is_set()):
+    def _keep_set(self, key: str, ended: threading.Event) -> None:
+        """Set ``key`` (this pid, a TTL) every ALIVE_EVERY_S from a thread, until ``ended``
+        or ``self.stop`` is set; then delete it."""
+        def loop() -> None:
+            while not (ended.is_set() or self.stop.is_set()):
+                try:
+                    self.r.set(key, os.getpid(), ex=ALIVE_TTL_S)
+                except Exception as exc:  # Redis away for a moment: the TTL tells the rest
+                    print(f"standby heartbeat failed: {exc!r}", flush=True)
+                ended.wait(ALIVE_EVERY_S)
             try:
-                self.r.set(alive_key(self.cfg.standby_id), os.getpid(), ex=ALIVE_TTL_S)
-            except Exception as exc:  # Redis away for a moment: the TTL tells the rest
-                print(f"standby heartbeat failed: {exc!r}", flush=True)
-            self.stop.wait(ALIVE_EVERY_S)
+                self.r.delete(key)
+            except Exception:  # its TTL ends it
+                pass
+
+        threading.Thread(target=loop, name=key.rsplit(":", 1)[-1], daemon=True).start()
 
     def serve(self) -> str | None:
         """Warm up, offer, and return the path of the adopting run's config (None: the
@@ -198,7 +208,7 @@ class Standby:
         )
 
         cfg = self.cfg
-        threading.Thread(target=self._alive_loop, name="alive", daemon=True).start()
+        self._keep_set(alive_key(cfg.standby_id), self.adopted)
         started = time.perf_counter()
         self.spark = build_session(cfg.master_url, f"streamwise-standby-{cfg.standby_id}",
                                    cfg.max_workers, cfg.executor_memory)
@@ -220,15 +230,15 @@ class Standby:
         started = time.perf_counter()
         self.reset()
         self.adopted.clear()
-        threading.Thread(target=self._alive_loop, name="alive", daemon=True).start()
+        self._keep_set(alive_key(self.cfg.standby_id), self.adopted)
         print(f"standby {self.cfg.standby_id} reset in {time.perf_counter() - started:.1f}s",
               flush=True)
         return self._offer_and_wait()
 
     def reset(self) -> None:
         """Leave the session as ``serve`` leaves it: no streaming query, no streaming
-        listener (the run's ``Runner._shutdown`` removed its own), one executor and a target of
-        one. A run's SQL confs stay: every run sets its own (``apply_run_conf``)."""
+        listener (the run's ``Runner._shutdown`` removed its own), one executor and a
+        target of one. A run's SQL confs stay: every run sets its own (``apply_run_conf``)."""
         from pipelines.runtime.elastic.executors import ExecutorControl
 
         for query in self.spark.streams.active:
@@ -274,21 +284,7 @@ class Standby:
 
     def serving(self, done: threading.Event) -> None:
         """Keep ``serving_key`` set until ``done``: a run it will outlive is under way."""
-        def loop() -> None:
-            key = serving_key(self.cfg.standby_id)
-            while True:
-                try:
-                    self.r.set(key, os.getpid(), ex=ALIVE_TTL_S)
-                except Exception as exc:  # Redis away for a moment: the TTL tells the rest
-                    print(f"standby heartbeat failed: {exc!r}", flush=True)
-                if done.wait(ALIVE_EVERY_S):
-                    break
-            try:
-                self.r.delete(key)
-            except Exception:  # its TTL ends it
-                pass
-
-        threading.Thread(target=loop, name="serving", daemon=True).start()
+        self._keep_set(serving_key(self.cfg.standby_id), done)
 
     def close(self) -> None:
         self.stop.set()
