@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import shared_task
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -61,15 +62,19 @@ def start_run(run_id: int, actor: str = "system") -> str:
     except Exception as exc:
         actions.transition(run, RunStatus.FAILED, WORKER, f"could not launch the runner: {exc}")
         return f"failed: {exc}"
-    actions.update_config(run, runner_pid=pid, checkpoint_dir=str(checkpoint_dir),
-                          max_workers_cap=policy.max_workers,
-                          launched_at=timezone.now())
     how = (f"warm standby {offer.standby_id} (Spark app {offer.app_id})" if offer
            else "a new runner")
-    actions.record_event(run, EventKind.RUNNER_LAUNCHED, WORKER, f"runner pid {pid}: {how}",
-                         {"pid": pid, "master_url": config["master_url"],
-                          "standby": offer.standby_id if offer else None,
-                          "log": str(checkpoint_dir / "runner.log")})
+    # One transaction: whoever sees the runner's pid (a Stop pressed at once) also sees
+    # that it was launched, and its own events come after this one.
+    with transaction.atomic():
+        actions.update_config(run, runner_pid=pid, checkpoint_dir=str(checkpoint_dir),
+                              max_workers_cap=policy.max_workers,
+                              launched_at=timezone.now())
+        actions.record_event(run, EventKind.RUNNER_LAUNCHED, WORKER,
+                             f"runner pid {pid}: {how}",
+                             {"pid": pid, "master_url": config["master_url"],
+                              "standby": offer.standby_id if offer else None,
+                              "log": str(checkpoint_dir / "runner.log")})
     return f"launched runner pid {pid} ({how})"
 
 
