@@ -35,3 +35,8 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; the
   .venv/bin/pip install -q -r requirements.txt
   echo "$sum" > "$stamp"
 fi
+
+# Spark's classes as one shared archive that every run's JVMs map instead of loading
+# them (pipelines/runtime/cluster/classarchive.py): made once per venv (~1 min),
+# checked in a moment after that.
+.venv/bin/python -m pipelines.runtime.runner.classarchive

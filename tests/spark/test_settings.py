@@ -165,3 +165,80 @@ def test_the_embedded_cluster_admits_only_applications_with_its_secret(
     assert not registered("probe-no-secret", "-")
     assert not registered("probe-wrong-secret", "0" * 64)
     assert registered("probe-product", "product")
+
+
+JVM_PROBE = """
+import sys, time
+from pipelines.runtime.query.session import build_session
+spark = build_session(sys.argv[1], "probe-shared-classes", 1, "512m")
+spark.range(10).mapInPandas(lambda batches: batches, "id long").collect()  # a Python worker
+print(spark.sparkContext.applicationId, flush=True)
+time.sleep(3600)
+"""
+
+
+def _maps(pid: int, path: Path) -> bool:
+    try:
+        return str(path) in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.spark
+def test_every_jvm_maps_the_class_archive_and_python_workers_fork_from_the_preloaded_daemon(
+        spark_cluster: object) -> None:
+    """The installation's class archive (made by the bootstrap) fits this JDK and these
+    jars, and the JVMs map it rather than load Spark's classes: the embedded master and
+    worker, a run's driver and its executor. The executor's Python workers come from
+    ``pydaemon``, which has pandas and pyarrow imported before it forks them."""
+    import subprocess
+    import sys
+
+    from pipelines.runtime.cluster import classarchive
+
+    archive = classarchive.archive_path()
+    assert archive is not None and classarchive.fits(archive) is None
+    for pid in (spark_cluster.master_pid, spark_cluster.worker_pid):
+        assert any(_maps(p, archive) for p in _tree(pid)), _cmdline(pid)
+    probe = subprocess.Popen([sys.executable, "-c", JVM_PROBE, spark_cluster.master_url],
+                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        app_id = probe.stdout.readline().strip()  # after its Python task ran
+        assert app_id.startswith("app-"), probe.poll()
+        driver = [p for p in _tree(probe.pid) if "SparkSubmit" in _cmdline(p)]
+        assert driver and _maps(driver[0], archive)
+        executor = [p for p in _tree(spark_cluster.worker_pid)
+                    if "CoarseGrainedExecutorBackend" in _cmdline(p) and app_id in _cmdline(p)]
+        assert executor and _maps(executor[0], archive)
+        daemons = [p for p in _tree(executor[0])
+                   if "-m pipelines.runtime.query.pydaemon" in _cmdline(p)]
+        assert daemons, [_cmdline(p) for p in _tree(executor[0])]
+    finally:
+        probe.kill()
+        probe.wait()
+
+
+def test_a_class_archive_that_is_off_absent_or_not_an_archive_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipelines.runtime.cluster import classarchive
+
+    monkeypatch.setenv(classarchive.ARCHIVE_ENV, "off")
+    assert classarchive.archive_path() is None and classarchive.jvm_option() == ""
+    absent = tmp_path / "absent.jsa"
+    monkeypatch.setenv(classarchive.ARCHIVE_ENV, str(absent))
+    assert classarchive.jvm_option() == "" and classarchive.fits(absent) == "it does not exist"
+    garbage = tmp_path / "garbage.jsa"
+    garbage.write_bytes(b"not an archive" * 100)
+    monkeypatch.setenv(classarchive.ARCHIVE_ENV, str(garbage))
+    assert classarchive.jvm_option() == f"-XX:SharedArchiveFile={garbage}"
+    assert classarchive.fits(garbage) == "its facts file is missing"
+    classarchive.facts_path(garbage).write_text('{"classpath": "."}')
+    assert classarchive.fits(garbage).startswith("the JVM refuses it")

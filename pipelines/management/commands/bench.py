@@ -41,6 +41,9 @@ CATALOGUE: tuple[Benchmark, ...] = (
                                             "--baseline-s", "20")),
     Benchmark("start", "Start POST -> first point on the run page vs a bare PySpark "
               "application", ("manage.py", "bench_start"), ("--runs", "3")),
+    Benchmark("jvm-start", "a new Spark application's first Python task with the class "
+              "archive and the preloaded Python daemon vs neither (CPU and seconds)",
+              ("-m", "pipelines.runtime.bench", "jvm-start"), ("--reps", "1")),
     Benchmark("sink", "the latency sink's rows, throughput and p95 vs Spark's own progress",
               ("-m", "pipelines.runtime.bench.sink")),
     Benchmark("mpc", "MPC solve times: DP vs Branch & Bound vs the thesis' Table 7.1",

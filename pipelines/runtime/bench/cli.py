@@ -55,7 +55,7 @@ def _check_common(args: argparse.Namespace) -> None:
 
 
 def _registry() -> dict[str, Benchmark]:
-    from pipelines.runtime.bench import closedloop, engine, plan, replan
+    from pipelines.runtime.bench import closedloop, engine, jvmstart, plan, replan
 
     return {b.name: b for b in (
         Benchmark("migration", "state migration per schedule vs Spark's own placement",
@@ -70,6 +70,9 @@ def _registry() -> dict[str, Benchmark]:
                   replan.check, replan.run),
         Benchmark("plan", "COLA's plan of the Python operators vs fuse-all, one PE per "
                   "operator and greedy merging", plan.arguments, plan.check, plan.run),
+        Benchmark("jvm-start", "a new application's first Python task: class archive and "
+                  "preloaded Python daemon vs neither", jvmstart.arguments, jvmstart.check,
+                  jvmstart.run),
     )}
 
 

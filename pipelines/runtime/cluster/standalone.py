@@ -159,7 +159,12 @@ def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
 
 
 def _daemon_env(workdir: Path, host: str) -> dict[str, str]:
+    from pipelines.runtime.cluster import classarchive
+
+    daemon_options = " ".join(filter(None, (os.environ.get("SPARK_DAEMON_JAVA_OPTS", ""),
+                                            classarchive.jvm_option())))
     return dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=host,
+                SPARK_DAEMON_JAVA_OPTS=daemon_options,
                 SPARK_WORKER_DIR=str(workdir / "work"), SPARK_LOG_DIR=str(workdir / "logs"),
                 PYSPARK_PYTHON=os.environ.get("PYSPARK_PYTHON", sys.executable))
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.runtime.spec import definition
+from pipelines.runtime.cluster import classarchive
 from pipelines.runtime.cluster.standalone import SECRET_ENV, read_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
@@ -25,6 +26,11 @@ EXECUTOR_WAIT_S = 90.0
 # dominated by its fixed costs, which C2's peak code does not shorten.
 JVM_OPTIONS_ENV = "STREAMWISE_JVM_OPTIONS"
 DEFAULT_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+# The executors' Python daemon: PySpark's, with the workers' imports done before it
+# forks them (pydaemon.py); ``$STREAMWISE_PYTHON_DAEMON=pyspark.daemon`` restores
+# PySpark's own.
+PYTHON_DAEMON_ENV = "STREAMWISE_PYTHON_DAEMON"
+PYTHON_DAEMON_MODULE = "pipelines.runtime.query.pydaemon"
 # After the initial executors registered: how long to wait for the rest of
 # spark.cores.max (they start together; one that comes later still is released by the
 # late-executor check between batches).
@@ -71,6 +77,10 @@ def build_session(master_url: str, app_name: str, max_workers: int,
         .config("spark.executor.memory", executor_memory)
         .config("spark.pyspark.python", sys.executable)
         .config("spark.executorEnv.PYTHONPATH", str(PROJECT_ROOT))
+        # One core per executor: a BLAS thread pool would only compete for it.
+        .config("spark.executorEnv.OPENBLAS_NUM_THREADS", "1")
+        .config("spark.python.daemon.module",
+                os.environ.get(PYTHON_DAEMON_ENV, "").strip() or PYTHON_DAEMON_MODULE)
         .config("spark.sql.adaptive.enabled", "false")
         # A live re-plan runs a second query beside the first (runner.handover.ReplanHandover):
         # FAIR shares the executors between the pools task by task, and the pool of the
@@ -95,7 +105,9 @@ def build_session(master_url: str, app_name: str, max_workers: int,
     )
     if locality_wait is not None:
         builder = builder.config("spark.locality.wait", locality_wait)
-    java_options = os.environ.get(JVM_OPTIONS_ENV, DEFAULT_JVM_OPTIONS).strip()
+    java_options = " ".join(filter(None, (
+        os.environ.get(JVM_OPTIONS_ENV, DEFAULT_JVM_OPTIONS).strip(),
+        classarchive.jvm_option())))
     if java_options:
         builder = (builder.config("spark.driver.extraJavaOptions", java_options)
                    .config("spark.executor.extraJavaOptions", java_options))
