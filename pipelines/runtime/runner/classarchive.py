@@ -48,7 +48,12 @@ def _dump(target: Path) -> None:
              "java_home": spark._jvm.java.lang.System.getProperty("java.home"),
              "made_at": time.time()}
     facts_path(target).write_text(json.dumps(facts, indent=1))
+    jvm = spark.sparkContext._gateway.proc  # the driver JVM (PySpark's launcher exec'd it)
     spark.stop()
+    # The JVM writes the archive while it exits, which it does once its stdin closes;
+    # this process must not end first, or the archive is not there yet when looked for.
+    jvm.stdin.close()
+    jvm.wait(timeout=BUILD_TIMEOUT_S)
 
 
 def build(path: Path | None = None, force: bool = False) -> str:
