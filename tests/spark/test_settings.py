@@ -184,13 +184,6 @@ def _maps(pid: int, path: Path) -> bool:
         return False
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 @pytest.mark.spark
 def test_every_jvm_maps_the_class_archive_and_python_workers_fork_from_the_preloaded_daemon(
         spark_cluster: object) -> None:
@@ -202,6 +195,7 @@ def test_every_jvm_maps_the_class_archive_and_python_workers_fork_from_the_prelo
     import sys
 
     from pipelines.runtime.cluster import classarchive
+    from pipelines.runtime.host.procs import cmdline as _cmdline
 
     archive = classarchive.archive_path()
     assert archive is not None and classarchive.fits(archive) is None

@@ -19,7 +19,7 @@ from typing import Any
 
 from pipelines.runtime.cluster import standalone as cluster
 from pipelines.runtime.cluster.classarchive import ARCHIVE_ENV
-from pipelines.runtime.host.procs import proc_table, tree_pids
+from pipelines.runtime.host.procs import cmdline, proc_table, tree_pids
 from pipelines.runtime.query.session import PYTHON_DAEMON_ENV
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,13 +44,6 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError("--reps: 1 to 20")
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
-
-
 def _sample(info: cluster.ClusterInfo, name: str, variant: str) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **VARIANTS[variant])
     probe = subprocess.Popen([sys.executable, "-c", PROBE, info.master_url, name], cwd=ROOT,
@@ -62,9 +55,9 @@ def _sample(info: cluster.ClusterInfo, name: str, variant: str) -> dict[str, flo
             raise RuntimeError(f"the {variant} probe ended (exit {probe.poll()})")
         app_id, first_result_s = line[0], float(line[1])
         table = proc_table()  # CPU of each process and of its waited-for children
-        driver = [p for p in tree_pids([probe.pid], table) if "SparkSubmit" in _cmdline(p)]
+        driver = [p for p in tree_pids([probe.pid], table) if "SparkSubmit" in cmdline(p)]
         executor = [p for p in tree_pids([info.worker_pid], table)
-                    if "CoarseGrainedExecutorBackend" in _cmdline(p) and app_id in _cmdline(p)]
+                    if "CoarseGrainedExecutorBackend" in cmdline(p) and app_id in cmdline(p)]
         python = [p for p in tree_pids(executor, table) if p not in executor]
         cpu = {p: table[p][1] for p in (*driver, *executor, *python)}
         return {"first_result_s": first_result_s,

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import pyspark
 
+from pipelines.runtime.cluster import classarchive
 from pipelines.runtime.host.secretfile import make_once
 
 HOST = "127.0.0.1"
@@ -159,8 +160,6 @@ def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
 
 
 def _daemon_env(workdir: Path, host: str) -> dict[str, str]:
-    from pipelines.runtime.cluster import classarchive
-
     daemon_options = " ".join(filter(None, (os.environ.get("SPARK_DAEMON_JAVA_OPTS", ""),
                                             classarchive.jvm_option())))
     return dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=host,

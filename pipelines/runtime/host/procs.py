@@ -47,3 +47,12 @@ def tree_cpu_s(roots: list[int], exclude_roots: tuple[int, ...] = ()) -> float:
     them, as long as no process of the tree ended unwaited in between."""
     table = proc_table()
     return sum(table[pid][1] for pid in tree_pids(roots, table) if pid not in exclude_roots)
+
+
+def cmdline(pid: int) -> str:
+    """The command line of ``pid``, its arguments joined by spaces ("" once it ended)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            errors="replace")
+    except OSError:
+        return ""

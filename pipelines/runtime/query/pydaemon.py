@@ -3,8 +3,8 @@
 every worker of a run imports already imported before it forks.
 
 Each forked worker otherwise imports pandas, pyarrow, numpy, PySpark's worker and the
-generator source itself: 0.9-1.1 s of CPU here, paid by each of the ~240 workers a
-``make test`` forks and by the first batch of every new executor (a scale-up). Forked
+generator source itself: 0.9-1.1 s of CPU here, paid by every worker an executor forks
+and by the first batch of every new executor (a scale-up). Forked
 from a daemon that holds them, a worker starts with them.
 
 PySpark imports its worker module only after the fork because pandas and pyarrow may

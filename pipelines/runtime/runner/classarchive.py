@@ -17,27 +17,20 @@ from pathlib import Path
 from pipelines.runtime.cluster.classarchive import ARCHIVE_ENV, archive_path, facts_path, fits
 
 BUILD_TIMEOUT_S = 600.0
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the child's working directory
 
 
 def _dump(target: Path) -> None:
-    """In a child process: a local session that writes the archive when its JVM exits."""
-    from pipelines.runtime.query.session import DEFAULT_JVM_OPTIONS
+    """In a child process: the product's own session (``build_session``, on a local
+    master) whose driver JVM writes the archive as it exits."""
+    from pipelines.runtime.query import session
     from pipelines.runtime.runner.standby import warm_up
-    from pyspark.sql import SparkSession
 
-    options = f"{DEFAULT_JVM_OPTIONS} -XX:ArchiveClassesAtExit={target}"
-    # The Python workers as a run's: this interpreter, the project importable.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    root = str(PROJECT_ROOT)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, (root, os.environ.get("PYTHONPATH", ""))))
-    spark = (SparkSession.builder.master("local[2]").appName("streamwise-class-archive")
-             .config("spark.ui.enabled", "false")
-             .config("spark.pyspark.python", sys.executable)
-             .config("spark.executorEnv.PYTHONPATH", root)
-             .config("spark.driver.extraJavaOptions", options).getOrCreate())
+    # No archive mapped while one is written (the JVM refuses both), the runs' options.
+    os.environ[ARCHIVE_ENV] = "off"
+    os.environ[session.JVM_OPTIONS_ENV] = (f"{session.DEFAULT_JVM_OPTIONS} "
+                                           f"-XX:ArchiveClassesAtExit={target}")
+    spark = session.build_session("local[2]", "streamwise-class-archive", 2, "512m")
     work = target.parent / "class-archive-work"
     work.mkdir(parents=True, exist_ok=True)
     try:
