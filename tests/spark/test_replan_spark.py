@@ -1,7 +1,13 @@
-"""Live re-plan on the real embedded Spark cluster: a running keyed aggregate changes
-its number of key groups twice (seamless, then stop-and-restart), and the run's output
-is checked record by record (nothing lost, nothing twice, the same values as without a
-re-plan). No database, so ``make test`` runs it once (in the PostgreSQL pass)."""
+"""Live re-plan on the real embedded Spark cluster, through the harness: the HFT
+operator's state (transformWithState) across a migration and a seamless re-plan, and a
+NEXMark window query (Q5) whose state is rebuilt by replaying its horizon, seamless (in
+the application, then in a transfer process) and after a stop. Each run's output is
+checked record by record against its reference (nothing lost, nothing twice).
+
+A keyed aggregate's re-plan (8 -> 16 seamless -> 4 stop-and-restart, the transfer gate
+of a processing-time trigger) is tested through the product instead, from the run page
+(tests/browser/test_browser.py): one run covers both. No database here, so ``make
+test`` runs these once (the dbless lane)."""
 from __future__ import annotations
 
 import json
@@ -20,17 +26,6 @@ from pipelines.runtime.runner.harness import RunnerProcess
 # on a slower one, inside those limits.
 pytestmark = [pytest.mark.spark, pytest.mark.dbless, pytest.mark.timeout(1500)]
 
-MEAN = {"source": {"type": "generator", "seed": 8, "partitions": 2,
-                   "rate": {"kind": "constant", "records_per_s": 800},
-                   "keys": {"kind": "zipf", "n": 2500, "s": 0.8}},
-        "operators": [{"type": "filter", "field": "value", "op": "<", "value": 900},
-                      {"type": "keyed_aggregate", "key": "key", "agg": "mean",
-                       "field": "value"}],
-        "sink": {"type": "latency", "keep_output": True},
-        # A processing-time trigger: the seamless transfer runs between its batches
-        # (reseed.TransferGate); the HFT and NEXMark cases run without one.
-        "key_groups": 6, "trigger_ms": 1000}
-
 
 def _replan(run: RunnerProcess, groups: int, scheme: str, **extra: Any) -> dict[str, Any]:
     ack = run.command("replan", timeout_s=600, key_groups=groups, scheme=scheme, **extra)
@@ -40,10 +35,11 @@ def _replan(run: RunnerProcess, groups: int, scheme: str, **extra: Any) -> dict[
     return ack
 
 
-def _runner(tmp_path: Path, cluster: Any, doc: dict, name: str) -> RunnerProcess:
+def _runner(tmp_path: Path, cluster: Any, doc: dict, name: str,
+            initial_workers: int = 2) -> RunnerProcess:
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
     return RunnerProcess(tmp_path / name, cluster.master_url, doc, redis_url,
-                         token=f"t{name}", max_workers=2, initial_workers=2)
+                         token=f"t{name}", max_workers=2, initial_workers=initial_workers)
 
 
 def _up_and_down(run: RunnerProcess, warm: int, up: int, down: int
@@ -63,38 +59,6 @@ def _print_facts(seamless: dict[str, Any], restart: dict[str, Any]) -> None:
         "overlap_s", "catch_up_s", "transfer_s", "snapshot_rows", "downtime_s",
         "disrupted_s", "bucket_s", "discarded_batches", "transfer_gated", "transfer_gated_s")}
         for k, a in (("seamless", seamless), ("stop-restart", restart))}))
-
-
-def test_key_groups_change_on_a_running_query_with_exactly_once_output(
-        tmp_path: Path, spark_cluster: Any) -> None:
-    run = _runner(tmp_path, spark_cluster, MEAN, "replan")
-    with run:
-        seamless, restart = _up_and_down(run, 6, 12, 4)
-        kinds = [e["type"] for e in run.events]
-    _print_facts(seamless, restart)
-    assert kinds.count("replan_switched") == 2 and "replan_failed" not in kinds
-    # The new query ran beside the old one (seamless) and the old one's output stopped
-    # before the new one's began (stop-and-restart).
-    assert seamless["overlap_s"] > 0 and restart["overlap_s"] == 0
-    # The transfer was stopped while the old query ran its batches, where they left idle
-    # time (measured by the runner: on a slow machine they ran back to back, and a gated
-    # transfer would have starved), and else ran beside them.
-    if seamless["transfer_gated"]:
-        assert seamless["transfer_gated_s"] > 0
-    else:
-        assert seamless["transfer_gated_s"] is None
-    assert restart["transfer_gated_s"] is None and not restart["transfer_gated"]
-    assert seamless["snapshot_rows"] > 0 and restart["snapshot_rows"] >= seamless["snapshot_rows"]
-    # The run's output batches continue across generations, one record each.
-    epochs = [m["batch_id"] for m in run.metrics]
-    assert epochs == list(range(len(epochs)))
-    assert {m["generation"] for m in run.metrics} == {0, 1, 2}
-    ledger = json.loads((run.work / "generations.json").read_text())["generations"]
-    assert [(g["generation"], g["key_groups"]) for g in ledger] == [(0, 6), (1, 12), (2, 4)]
-    report = verify.verify(definition.validate(MEAN), run.t0, run.work / "checkpoint",
-                           run.work / "output")
-    assert report.ok, report.problems
-    assert report.batches == epochs[-1] + 1 or report.batches >= len(epochs)
 
 
 # The HFT operator (transformWithState, per-symbol windows) with a filter before it.
@@ -145,15 +109,32 @@ def test_a_nexmark_window_query_is_replanned_by_replaying_its_state_horizon(
     window): its state is rebuilt by replaying the records of its state horizon
     (``replan.replay_start``), seamless (in the run's application beside the old query,
     then in a transfer process, ``reseed.py``) and after a stop; every window the run
-    emitted equals Beam's query model over the same events."""
+    emitted equals Beam's query model over the same events.
+
+    It is also NEXMark Q5's run through a scale-up with migration and a rebalance
+    (tests/spark/test_nexmark_spark.py's RECONFIGURED): on one worker first, then two,
+    its key groups moved by a planner, before the re-plans."""
     from pipelines.nexmark import queries
 
     # On a processing-time trigger: the new query's batches take turns with the old
     # one's (source.wait_for_forwarded) until the hand-over batch.
     doc = {**queries.definition("Q5", 500, key_groups=4), "trigger_ms": 2000}
-    run = _runner(tmp_path, spark_cluster, doc, "q5")
+    spec = definition.validate(doc)
+    run = _runner(tmp_path, spark_cluster, doc, "q5", initial_workers=1)
     with run:
-        seamless, restart = _up_and_down(run, 8, 8, 2)
+        run.wait_batches(2)
+        up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
+        assert up["ok"], up["message"]
+        assert len(up["executors"]) == 2 and up["migration"]["groups_moved"] >= 1
+        run.wait_batches(1)
+        moved = run.command("rebalance", timeout_s=300, planner="ding-table", tau=0.5,
+                            schedule="all-at-once")
+        assert moved["ok"], moved["message"]
+        # The placement's state, per stateful operator, named by its node.
+        run.wait_batches(1)
+        named = [op["operator"] for op in run.metrics[-1].get("operator_bytes", [])]
+        assert sorted(named) == sorted(n.id for n in spec.graph.stateful)
+        seamless, restart = _up_and_down(run, 4, 8, 2)
         in_process = _replan(run, 4, "seamless", replay_in="process")
         run.wait_batches(4)
     _print_facts(seamless, restart)
@@ -162,7 +143,6 @@ def test_a_nexmark_window_query_is_replanned_by_replaying_its_state_horizon(
     assert in_process["state_built_in"] == "process" and in_process["seed_s"] is not None
     assert in_process["overlap_s"] > 0
     assert {m["generation"] for m in run.metrics} == {0, 1, 2, 3}
-    report = verify.verify(definition.validate(doc), run.t0, run.work / "checkpoint",
-                           run.work / "output")
+    report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
     assert report.ok, report.problems
     assert report.compared_rows > 0
