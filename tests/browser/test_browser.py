@@ -13,7 +13,7 @@ from selenium.common.exceptions import (
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from tests.conftest import SMALL_DEFINITION, stop_and_wait
+from tests.conftest import SMALL_DEFINITION, stop_and_wait, wait_for
 from pipelines.management.browser import headless_chromium, log_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.single_pass]
@@ -32,9 +32,33 @@ def _set_textarea(driver, element_id: str, text: str) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser) -> None:
+def test_operator_creates_starts_watches_scales_rebalances_and_stops(
+        live_stack, operator, browser) -> None:
+    """A newcomer's first run, from the pages, on the real stack (Celery, runner, Spark,
+    relay, WebSockets): a pipeline form that refuses a bad definition, Start, live
+    points and the placement panel, the run's metrics in the database, a scale-up to 2
+    workers whose key groups migrate (verified from the executors, the runner's own
+    event relayed), a rebalance from the page, Stop.
+
+    The run starts on the live stack's warm standby (``STANDBY_RUNS`` in its
+    environment, as an operator would set it): the reconciler started it, the run
+    adopts its application and scales from it, and after the clean stop the same
+    process and application, reset to one executor, serve the next run."""
+    from django.conf import settings
+
     from control.models import Policy
-    from pipelines.models import Run
+    from pipelines import actions, launch
+    from pipelines.launch import process_state
+    from pipelines.models import MetricSample, Run
+    from pipelines.runtime import bus as busmod
+    from pipelines.runtime.runner import standby as sb
+
+    assert live_stack.env["STANDBY_RUNS"] != "1" and live_stack.env["STANDBY_RUNNERS"] == "1"
+    r = busmod.connect(settings.REDIS_URL)
+
+    def offered() -> sb.Offer | None:
+        raw = r.lindex(sb.READY_KEY, 0)
+        return sb.Offer.from_json(raw) if raw else None
 
     Policy.objects.create(name="browser-policy", latency_bound_ms=5000, power_budget_w=40,
                           min_workers=1, initial_workers=1, max_workers=2)
@@ -57,16 +81,42 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
     browser.find_element(By.ID, "save-pipeline").click()
     WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/pipelines/"))
 
+    # Warming beside earlier tests, or serving none while an earlier test's run ended.
+    offer = wait_for(offered, 300, "the live stack's standby to offer itself")
+    assert process_state(offer.pid) == "alive"
     form = browser.find_element(
         By.XPATH, "//button[@data-pipeline='browser-pipeline']/ancestor::form")
     Select(form.find_element(By.NAME, "policy")).select_by_visible_text("browser-policy")
     form.find_element(By.TAG_NAME, "button").click()
     WebDriverWait(browser, 10).until(lambda d: "/runs/" in d.current_url)
     run = Run.objects.latest("pk")
+    runs = [run]
+    stale = (StaleElementReferenceException, NoSuchElementException)
+    outcomes = ["reconfigured", "reconfigure_failed", "reconfigure_timeout"]
     try:
         WebDriverWait(browser, 240, poll_frequency=1).until(
             lambda d: d.execute_script("return window.__streamwise.points") >= 3)
         assert browser.find_element(By.ID, "run-status").text == "running"
+        # The points come from samples stored per batch: the first batch's too (a
+        # resumed stale checkpoint would show there).
+        run.refresh_from_db()
+        assert run.spark_app_id.startswith("app-") and run.workers == 1
+        launched = run.events.get(kind="runner_launched")
+        assert launched.payload["standby"] == offer.standby_id, launched.message
+        assert run.runner_pid == offer.pid and run.spark_app_id == offer.app_id
+        assert offered() is None  # claimed: offered to nobody else
+        # Serving a run it will outlive: counted, so the reconciler starts no other.
+        assert r.exists(sb.serving_key(offer.standby_id))
+        assert launch.standby_ids(r, "serving") == {offer.standby_id}
+        log = (Path(run.checkpoint_dir) / "runner.log").read_text()
+        assert f"adopted standby {offer.standby_id}" in log
+        samples = list(MetricSample.objects.filter(run=run).order_by("batch_id"))
+        assert len(samples) >= 3
+        for s in samples:
+            assert s.records > 0 and s.input_rows >= s.records
+            assert 0 < s.latency_p50_ms <= s.latency_p95_ms <= s.latency_p99_ms \
+                <= s.latency_max_ms
+            assert s.power_w > 0 and s.workers == 1
         # The placement panel: one worker holds every key group, verified per batch.
         rows = browser.find_elements(By.CSS_SELECTOR, "#placement tbody tr[data-worker]")
         assert len(rows) == 1 and "0, 1, 2, 3" in rows[0].text
@@ -76,14 +126,13 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
         assert browser.find_element(By.ID, "frequency-label").text != "—"
         assert browser.find_element(By.ID, "power-label").text == "modelled"
 
-        # Scale to 2 workers from the page: groups migrate onto the new executor.
+        # Scale to 2 workers from the page: groups migrate onto the new executor (the
+        # adopted application scales like a cold one: its target was one executor).
         workers = browser.find_element(By.ID, "id_workers")
         workers.clear()
         workers.send_keys("2")
         browser.find_element(By.ID, "set-workers").click()
-        WebDriverWait(browser, 240, poll_frequency=1,
-                      ignored_exceptions=(StaleElementReferenceException,
-                                          NoSuchElementException)).until(
+        WebDriverWait(browser, 240, poll_frequency=1, ignored_exceptions=stale).until(
             lambda d: (d.execute_script("return window.__streamwise.placement") or {})
             .get("workers") == 2)
         WebDriverWait(browser, 60, poll_frequency=1,
@@ -92,8 +141,44 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
                           for r in d.find_elements(By.CSS_SELECTOR, "#events tbody tr")))
         assert len(browser.find_elements(By.CSS_SELECTOR,
                                          "#placement tbody tr[data-worker]")) == 2
+        ack = run.events.get(kind__in=outcomes)
+        assert ack.kind == "reconfigured", ack.message
+        assert ack.payload["workers"] == 2 and Run.objects.get(pk=run.pk).workers == 2
+        # Key groups moved onto the new executor before the command was acknowledged,
+        # each step verified from the executor that ran it.
+        migration = ack.payload["migration"]
+        assert migration["verified"] and migration["groups_moved"] >= 1
+        # The runner's own event comes through the relay, independently of the ack.
+        wait_for(lambda: run.events.filter(kind="runner:migration_done").exists(), 30,
+                 "the relayed runner:migration_done event")
+        wait_for(lambda: MetricSample.objects.filter(run=run, workers=2).exists(), 90,
+                 "a micro-batch measured with 2 workers")
+        two = MetricSample.objects.filter(run=run, workers=2).latest("batch_id")
+        assert len(set(two.groups["placement"])) == 2 and two.drift == 0
         shot = Path(live_stack.logs) / "browser-run.png"
         browser.save_screenshot(str(shot))
+
+        # A rebalance from the page goes through the same path and is audited.
+        rebalance = browser.find_element(By.XPATH,
+                                         "//button[@id='rebalance']/ancestor::form")
+        Select(rebalance.find_element(By.NAME, "planner")).select_by_value("ding-table")
+        Select(rebalance.find_element(By.NAME, "schedule")).select_by_value("fluid")
+        tau = rebalance.find_element(By.NAME, "tau")
+        tau.clear()
+        tau.send_keys("0.5")
+        rebalance.find_element(By.ID, "rebalance").click()
+        wait_for(lambda: run.events.filter(kind__in=outcomes).count() >= 2, 170,
+                 "the runner's acknowledgement of rebalance")
+        requested = run.events.filter(kind="reconfigure_requested").order_by("-id").first()
+        assert requested.actor == "user:operator", requested.actor
+        assert {k: requested.payload.get(k) for k in ("command", "planner", "schedule",
+                                                       "tau")} == {
+            "command": "rebalance", "planner": "ding-table", "schedule": "fluid",
+            "tau": 0.5}, requested.payload
+        second = run.events.filter(kind__in=outcomes).order_by("-id").first()
+        assert second.kind == "reconfigured", second.message
+
+        browser.get(f"{base}/runs/{run.pk}/")
         browser.find_element(By.ID, "stop-run").click()
         # The stop form POSTs and redirects back to this page: the document is
         # replaced under the wait. The status is read in one script call (no element
@@ -105,12 +190,28 @@ def test_operator_creates_starts_watches_and_stops(live_stack, operator, browser
             lambda d: d.execute_script(
                 "const e = document.getElementById('run-status');"
                 " return e ? e.textContent.trim() : null;") == "stopped")
+        run.refresh_from_db()
+        assert run.status == "stopped", run.status_reason
+        assert run.samples.count() >= 3
+        assert all(s.latency_p50_ms > 0 for s in run.samples.all()), "latency must be positive"
+
+        # The same process and application offer themselves again, back to one
+        # executor, and the next run starts on them with one worker.
+        again = wait_for(offered, 120, "the standby's offer after the run")
+        assert (again.standby_id, again.pid, again.app_id) == (
+            offer.standby_id, offer.pid, offer.app_id)
+        assert process_state(offer.pid) == "alive"
+        second = actions.create_run(run.pipeline_version.pipeline, run.policy, operator)
+        runs.append(second)
+        wait_for(lambda: MetricSample.objects.filter(run=second).count() >= 2, 120,
+                 "2 metric samples of the second run")
+        second.refresh_from_db()
+        assert second.events.get(kind="runner_launched").payload["standby"] == offer.standby_id
+        assert (second.runner_pid, second.spark_app_id) == (offer.pid, offer.app_id)
+        assert all(s.workers == 1 for s in MetricSample.objects.filter(run=second))
     finally:
-        stop_and_wait(run.pk, operator)
-    run.refresh_from_db()
-    assert run.status == "stopped"
-    assert run.samples.count() >= 3
-    assert all(s.latency_p50_ms > 0 for s in run.samples.all()), "latency must be positive"
+        for each in runs:
+            stop_and_wait(each.pk, operator)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,6 +1,6 @@
 """Faults on real Spark runs, each caused for real: Redis killed for 20 s under a running
 query, a runner SIGTERMed, a benchmark SIGTERMed mid-run, a query whose executors are
-frozen (its source blocked), a runner SIGKILLed while its executors are throttled, the
+frozen (its source blocked) and then its runner SIGKILLed while they are throttled, the
 Celery worker SIGKILLed during a migration, eight Lab comparisons queued beside a
 controlled run. Each run ends with the verifier on what it committed (the benchmark's
 check is that nothing it started is left). The ones on the product's live stack run
@@ -223,18 +223,25 @@ def _state(pid: int) -> str | None:
 
 @pytest.mark.single_pass
 @pytest.mark.django_db(transaction=True)
-def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
+def test_frozen_executors_stall_a_run_and_a_sigkilled_runner_loses_it_with_none_left_stopped(
         tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
-    """The runner's heartbeat thread lives on while its query cannot make a batch (its
-    executors SIGSTOPped, as a blocked source would leave it): the reconciler of the
-    live stack marks the run stalled with an alert, within three control steps when
-    three batch times fit in two, and running once batches resume."""
+    """Two faults on one run of the live stack.
+
+    * The runner's heartbeat thread lives on while its query cannot make a batch (its
+      executors SIGSTOPped, as a blocked source would leave it): the reconciler marks
+      the run stalled with an alert, within three control steps when three batch times
+      fit in two, and running once batches resume.
+    * Then SIGKILL the runner while frequency emulation SIGSTOPs its executors: the
+      reconciler sees the process gone (its heartbeat still within its TTL) and the run
+      is lost within two heartbeat periods; the watchdog continues the executors.
+
+    Every batch the runner committed before the kill is checked, exactly once."""
     from pipelines import launch, tasks
     from pipelines.models import Run
 
     run, runner = _product_run(operator, tmp_path, "stall", spark_cluster)
     step_s = run.policy.control_step_s
-    frozen: list[int] = []
+    executors: list[int] = []
     try:
         with runner:
             _launched(run, runner, batches=5)
@@ -242,58 +249,29 @@ def test_a_query_whose_executors_are_frozen_is_stalled_then_running_again(
             assert beat is not None and "expected_batch_s" in beat
             limit = tasks.stall_limit_s(beat["expected_batch_s"], step_s)
             app_id = runner.event("session_started")["app_id"]
-            frozen = [p for tree in frequency.executor_processes(app_id).values()
-                      for p in tree]
-            assert frozen
-            for pid in frozen:
+            executors = [p for tree in frequency.executor_processes(app_id).values()
+                         for p in tree]
+            assert executors
+            for pid in executors:
                 os.kill(pid, signal.SIGSTOP)
             blocked = time.monotonic()
             wait_for(lambda: Run.objects.get(pk=run.pk).status == "stalled", 120,
                      "the run to be marked stalled")
             stalled_after = time.monotonic() - blocked
-            for pid in frozen:
+            for pid in executors:
                 os.kill(pid, signal.SIGCONT)
-            frozen = []
             wait_for(lambda: Run.objects.get(pk=run.pk).status == "running", 120,
                      "the run to be running again")
-        run.refresh_from_db()
-        print(f"stalled {stalled_after:.1f} s after its executors froze = "
-              f"{stalled_after / step_s:.1f} control steps of {step_s:g} s (limit "
-              f"{limit:.1f} s from a median batch of {beat['expected_batch_s']:.2f} s)")
-        # The limit counts from the last batch, which ended before the freeze; one
-        # control step more covers the reconciler's pass (every second) and its task.
-        assert stalled_after <= limit + step_s, (stalled_after, limit)
-        assert run.events.filter(kind="alert", actor="reconciler").exists()
-        assert run.events.filter(kind="status:stalled").exists()
-        _verified(runner)
-    finally:
-        for pid in frozen:
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        Run.objects.filter(pk=run.pk).update(status="stopped")
+            print(f"stalled {stalled_after:.1f} s after its executors froze = "
+                  f"{stalled_after / step_s:.1f} control steps of {step_s:g} s (limit "
+                  f"{limit:.1f} s from a median batch of {beat['expected_batch_s']:.2f} s)")
+            # The limit counts from the last batch, which ended before the freeze; one
+            # control step more covers the reconciler's pass (every second) and its task.
+            assert stalled_after <= limit + step_s, (stalled_after, limit)
+            assert run.events.filter(kind="alert", actor="reconciler").exists()
+            assert run.events.filter(kind="status:stalled").exists()
 
-
-@pytest.mark.single_pass
-@pytest.mark.django_db(transaction=True)
-def test_a_sigkilled_runner_is_lost_within_two_heartbeats_and_no_executor_stays_stopped(
-        tmp_path: Path, spark_cluster: Any, live_stack: Any, operator: Any) -> None:
-    """SIGKILL a runner while frequency emulation SIGSTOPs its executors: the live
-    stack's reconciler sees the process gone (its heartbeat still within its TTL) and
-    the run is lost within two heartbeat periods; the watchdog continues the executors."""
-    from pipelines.models import Run
-    from pipelines.runtime import bus as busmod
-
-    run, runner = _product_run(operator, tmp_path, "sigkill", spark_cluster)
-    executors: list[int] = []
-    try:
-        with runner:
-            _launched(run, runner)
             assert runner.proc is not None
-            app_id = runner.event("session_started")["app_id"]
-            executors = [p for tree in frequency.executor_processes(app_id).values()
-                         for p in tree]
             lowest = min(runner.event("query_started")["frequencies"])
             ack = runner.command("set_frequency", ghz=lowest)
             assert ack["ok"], ack
@@ -316,7 +294,7 @@ def test_a_sigkilled_runner_is_lost_within_two_heartbeats_and_no_executor_stays_
               f"frequency {ack['source']}")
         assert run.status_reason.startswith("the runner died"), run.status_reason
         assert lost_after <= 2 * busmod.HEARTBEAT_EVERY_S, lost_after
-        _verified(runner)  # every batch it committed before the kill, exactly once
+        _verified(runner)
     finally:
         for pid in executors:
             try:
