@@ -54,10 +54,10 @@ def test_operator_creates_starts_watches_scales_rebalances_and_stops(
     from pipelines.runtime.runner import standby as sb
 
     assert live_stack.env["STANDBY_RUNS"] != "1" and live_stack.env["STANDBY_RUNNERS"] == "1"
-    r = busmod.connect(settings.REDIS_URL)
+    redis = busmod.connect(settings.REDIS_URL)
 
     def offered() -> sb.Offer | None:
-        raw = r.lindex(sb.READY_KEY, 0)
+        raw = redis.lindex(sb.READY_KEY, 0)
         return sb.Offer.from_json(raw) if raw else None
 
     Policy.objects.create(name="browser-policy", latency_bound_ms=5000, power_budget_w=40,
@@ -106,8 +106,8 @@ def test_operator_creates_starts_watches_scales_rebalances_and_stops(
         assert run.runner_pid == offer.pid and run.spark_app_id == offer.app_id
         assert offered() is None  # claimed: offered to nobody else
         # Serving a run it will outlive: counted, so the reconciler starts no other.
-        assert r.exists(sb.serving_key(offer.standby_id))
-        assert launch.standby_ids(r, "serving") == {offer.standby_id}
+        assert redis.exists(sb.serving_key(offer.standby_id))
+        assert launch.standby_ids(redis, "serving") == {offer.standby_id}
         log = (Path(run.checkpoint_dir) / "runner.log").read_text()
         assert f"adopted standby {offer.standby_id}" in log
         samples = list(MetricSample.objects.filter(run=run).order_by("batch_id"))
@@ -175,8 +175,8 @@ def test_operator_creates_starts_watches_scales_rebalances_and_stops(
                                                        "tau")} == {
             "command": "rebalance", "planner": "ding-table", "schedule": "fluid",
             "tau": 0.5}, requested.payload
-        second = run.events.filter(kind__in=outcomes).order_by("-id").first()
-        assert second.kind == "reconfigured", second.message
+        rebalanced = run.events.filter(kind__in=outcomes).order_by("-id").first()
+        assert rebalanced.kind == "reconfigured", rebalanced.message
 
         browser.get(f"{base}/runs/{run.pk}/")
         browser.find_element(By.ID, "stop-run").click()
@@ -362,7 +362,6 @@ def test_key_groups_change_8_16_4_from_the_run_page_with_exactly_once_output(
     from pipelines import launch
     from pipelines.models import Run
     from pipelines.runtime.replan import gloss
-    from tests.conftest import wait_for
 
     run, base = _run_on_its_page(live_stack, operator, browser, "replan", MEAN)
     try:
@@ -454,7 +453,6 @@ def test_optimise_plan_shows_both_plans_and_applies_colas_live(
     exactly-once check of the whole run says OK."""
     from pipelines.models import Run
     from pipelines.runtime.operators import catalogue as pyops
-    from tests.conftest import wait_for
 
     doc = pyops.hft_split_definition(1500)
     doc["trigger_ms"] = 1000
