@@ -414,13 +414,16 @@ def verify_run(run_id: int, actor: str = "system") -> str:
     try:
         report = verify.verify_run_dir(run.checkpoint_dir, progress)
     except verify.RunDirError as exc:
-        store({"state": "error", "ok": None, "done": 0, "of": 0, "line": str(exc)})
-        actions.record_event(run, EventKind.VERIFIED, WORKER, f"not verified: {exc}")
+        # The verdict and its event in one transaction: whoever sees the one sees the other.
+        with transaction.atomic():
+            store({"state": "error", "ok": None, "done": 0, "of": 0, "line": str(exc)})
+            actions.record_event(run, EventKind.VERIFIED, WORKER, f"not verified: {exc}")
         return f"error: {exc}"
     line = report.line().removeprefix("verifier: ")
-    store({"state": "done", "ok": report.ok, "done": report.batches, "of": report.batches,
-           "line": line, "report": report.as_dict()})
-    actions.record_event(run, EventKind.VERIFIED, WORKER, line,
-                         {k: v for k, v in report.as_dict().items() if k != "problems"}
-                         | {"problems": report.problems[:5], "requested_by": actor})
+    with transaction.atomic():
+        store({"state": "done", "ok": report.ok, "done": report.batches,
+               "of": report.batches, "line": line, "report": report.as_dict()})
+        actions.record_event(run, EventKind.VERIFIED, WORKER, line,
+                             {k: v for k, v in report.as_dict().items() if k != "problems"}
+                             | {"problems": report.problems[:5], "requested_by": actor})
     return line
