@@ -430,12 +430,13 @@ def sweep_min_ratio_cut(adj: np.ndarray, weight: np.ndarray,
 
 def _atom_adjacency(ev: Evaluator, atoms: Sequence[Sequence[int]]) -> np.ndarray:
     """Traffic between every pair of atoms (groups of operators), symmetric."""
-    k = len(atoms)
-    members = [np.asarray(a) for a in atoms]
-    adj = np.zeros((k, k))
-    for i in range(k):
-        for j in range(i + 1, k):
-            adj[i, j] = adj[j, i] = ev.adj[np.ix_(members[i], members[j])].sum()
+    # M^T·A·M with M the operator -> atom membership matrix: the sum of A over each
+    # pair of atoms' members, in one product instead of k² slices.
+    membership = np.zeros((ev.adj.shape[0], len(atoms)))
+    for a, members in enumerate(atoms):
+        membership[list(members), a] = 1.0
+    adj = membership.T @ ev.adj @ membership
+    np.fill_diagonal(adj, 0.0)
     return adj
 
 
@@ -724,20 +725,33 @@ def _best_resplit(ev: Evaluator, atoms: Sequence[Sequence[int]], union: list[int
     """The two PEs (operator lists) of the feasible prefix split of ``union`` with the
     least traffic between them, below ``current``; None if none is."""
     k = len(union)
+    # Which positions of ``union`` must not share a PE, both ways. A sweep moves one atom
+    # at a time from the right side to the left: once the left holds such a pair it does
+    # for the rest of the sweep, and the right's count of pairs only falls, so each is
+    # kept as it goes instead of checked pair by pair for every prefix.
+    position = {atom: i for i, atom in enumerate(union)}
+    apart = [{position[x] for x in ex_atoms.get(atom, ()) if x in position}
+             for atom in union]
+    if any(i in a for i, a in enumerate(apart)):
+        return None  # an atom that may not share a PE with itself: no split keeps it
     best: tuple[float, list[int], list[int]] | None = None
     for order in _sweep_orders(adj, weight):
         side = np.zeros(k, dtype=bool)
         cut = 0.0
+        left_apart = False
+        right_pairs = sum(len(a) for a in apart) // 2
         for pos in range(k - 1):
             v = order[pos]
             cut += adj[v].sum() - 2 * adj[v, side].sum()
+            left_apart = left_apart or any(side[j] for j in apart[v])
+            right_pairs -= sum(1 for j in apart[v] if not side[j])
             side[v] = True
             if cut >= current - 1e-9 or (best and cut >= best[0] - 1e-12):
                 continue
+            if left_apart or right_pairs:
+                continue
             left = [union[i] for i in range(k) if side[i]]
             right = [union[i] for i in range(k) if not side[i]]
-            if _exlocated_together(left, ex_atoms) or _exlocated_together(right, ex_atoms):
-                continue
             halves = [[op for i in left for op in atoms[i]],
                       [op for i in right for op in atoms[i]]]
             if ev.check(others + halves)[0]:
@@ -745,10 +759,6 @@ def _best_resplit(ev: Evaluator, atoms: Sequence[Sequence[int]], union: list[int
     if best is None:
         return None
     return [[op for i in best[1] for op in atoms[i]], [op for i in best[2] for op in atoms[i]]]
-
-
-def _exlocated_together(side: list[int], ex_atoms: dict[int, set[int]]) -> bool:
-    return any(x in ex_atoms.get(y, ()) for y in side for x in side)
 
 
 def _fm_refine(ev: Evaluator, pes: list[list[int]], atoms: Sequence[Sequence[int]],

@@ -321,6 +321,36 @@ def test_window_stats_average_per_millisecond_then_fit() -> None:
         pytest.approx([0.0, 0.0, 3.0])
 
 
+def test_the_reference_equals_the_operators_windows_fed_in_batches() -> None:
+    """The verifier's oracle (whole stream, dictionary bucket sums) against the
+    operator's own path: the windows ``fire_positions`` and ``window_stats`` give when a
+    symbol's quotes arrive in batches of random sizes."""
+    rng = np.random.default_rng(11)
+    n = 900
+    records = pd.DataFrame({"seq": np.arange(n), "key": rng.integers(0, 5, n),
+                            "value": rng.uniform(100, 200, n).round(2),
+                            "emit_ts": np.sort(rng.uniform(0, 0.4, n))})
+    window, slide, degree = 12, 4, 2
+    expected = []
+    for key, quotes in records.groupby("key"):
+        count = 0
+        cuts = np.sort(rng.choice(np.arange(1, len(quotes)), rng.integers(2, 8), False))
+        for size in np.diff(np.concatenate([[0], cuts, [len(quotes)]])):
+            for c in hft.fire_positions(count, count + int(size), window, slide):
+                w = quotes.iloc[c - window:c]
+                buckets, mean, coef = hft.window_stats(w["emit_ts"].to_numpy(),
+                                                       w["value"].to_numpy(), degree)
+                expected.append((key, c, w["seq"].iloc[0], w["seq"].iloc[-1], buckets,
+                                 mean, coef))
+            count += int(size)
+    got = hft.reference(records, window, slide, degree)
+    assert len(got) == len(expected) > 100
+    for row, want in zip(got.itertuples(index=False), sorted(expected), strict=True):
+        assert tuple(row)[:5] == want[:5]
+        assert row.price_mean == pytest.approx(want[5], rel=1e-12)
+        assert row.coefficients == pytest.approx(want[6], rel=1e-6, abs=1e-9)
+
+
 # ------------------------------------------------------------------------- verifier
 def _fake_run(tmp_path: Path, doc: dict, ends: list[int], t0: float = 1.0e9) -> Path:
     """A checkpoint's offset and commit logs plus the outputs a correct run keeps."""

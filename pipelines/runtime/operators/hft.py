@@ -123,22 +123,29 @@ def make_processor(window: int, slide: int, degree: int) -> Any:
 
 def reference(records: pd.DataFrame, window: int, slide: int, degree: int) -> pd.DataFrame:
     """Every window the kernel fires over ``records`` (columns seq, key, value,
-    emit_ts), computed from the whole stream at once with pandas (no incremental state):
-    the oracle the operator is tested against."""
+    emit_ts), computed from the whole stream at once (no incremental state): the oracle
+    the operator is tested against. Its bucket averages are a dictionary's sums and
+    counts, not the operator's ``np.unique``/``bincount`` (``window_stats``)."""
     rows = []
     df = records.sort_values("seq", kind="stable")
     for key, quotes in df.groupby("key", sort=True):
-        quotes = quotes.reset_index(drop=True)
-        n = len(quotes)
-        for end in range(window, n + 1, slide):  # end = c, 1-based count
-            w = quotes.iloc[end - window:end]
-            bucket_means = (w.assign(bucket=np.floor(w["emit_ts"] * 1000.0).astype("int64"))
-                            .groupby("bucket", sort=True)["value"].mean())
-            x = (bucket_means.index.to_numpy() - bucket_means.index[0]).astype(float)
-            deg = min(degree, len(bucket_means) - 1)
-            coef = (list(np.polyfit(x, bucket_means.to_numpy(), deg)) if deg > 0
-                    else [float(bucket_means.mean())])
+        seqs = quotes["seq"].to_numpy(np.int64)
+        buckets = np.floor(quotes["emit_ts"].to_numpy(np.float64) * 1000.0).astype(np.int64)
+        values = quotes["value"].to_numpy(np.float64)
+        for end in range(window, len(quotes) + 1, slide):  # end = c, 1-based count
+            sums: dict[int, list[float]] = {}
+            for bucket, value in zip(buckets[end - window:end].tolist(),
+                                     values[end - window:end].tolist(), strict=True):
+                acc = sums.setdefault(bucket, [0.0, 0.0])
+                acc[0] += value
+                acc[1] += 1.0
+            order = sorted(sums)
+            means = np.array([sums[b][0] / sums[b][1] for b in order])
+            x = np.array(order, dtype=np.int64) - order[0]
+            deg = min(degree, len(order) - 1)
+            coef = (list(np.polyfit(x.astype(float), means, deg)) if deg > 0
+                    else [float(means.mean())])
             coef = [0.0] * (degree + 1 - len(coef)) + [float(c) for c in coef]
-            rows.append((int(key), end, int(w["seq"].iloc[0]), int(w["seq"].iloc[-1]),
-                         len(bucket_means), float(bucket_means.mean()), coef))
+            rows.append((int(key), end, int(seqs[end - window]), int(seqs[end - 1]),
+                         len(order), float(means.mean()), coef))
     return pd.DataFrame(rows, columns=OUTPUT_COLUMNS)

@@ -555,18 +555,35 @@ def _verify_hft(spec: definition.PipelineSpec, t0: float, committed: list[int],
         if len(extra):
             report.problem("unexpected", len(extra), f"batch {b}: window {extra[0]} not "
                            "expected in this batch")
-        common = want.index.intersection(got.index)
-        for idx in common:
-            w, g = want.loc[idx], got.loc[idx]
-            same = (w["first_seq"] == g["first_seq"] and w["last_seq"] == g["last_seq"]
-                    and w["buckets"] == g["buckets"]
-                    and np.isclose(w["price_mean"], g["price_mean"], rtol=RTOL)
-                    and np.allclose(np.asarray(g["coefficients"], dtype=float),
-                                    np.asarray(w["coefficients"], dtype=float),
-                                    rtol=1e-6, atol=1e-9))
-            if not same:
-                report.problem("wrong", 1, f"batch {b}: window {idx} differs from the "
-                               f"reference: {dict(g)} vs {dict(w)}")
+        _compare_hft_windows(b, want, got, report)
+
+
+def _compare_hft_windows(batch: int, want: pd.DataFrame, got: pd.DataFrame,
+                         report: VerifyReport) -> None:
+    """Each window both hold, compared field by field (all windows at once)."""
+    both = want.join(got, how="inner", lsuffix="_w", rsuffix="_g")
+    if both.empty:
+        return
+
+    width = max(len(c) for column in ("coefficients_w", "coefficients_g")
+                for c in both[column])
+
+    def coefficients(column: str) -> np.ndarray:
+        """One row per window, NaN-padded: a window with fewer coefficients differs."""
+        out = np.full((len(both), width), np.nan)
+        for i, c in enumerate(both[column]):
+            out[i, :len(c)] = np.asarray(c, dtype=float)
+        return out
+
+    same = ((both["first_seq_w"] == both["first_seq_g"])
+            & (both["last_seq_w"] == both["last_seq_g"])
+            & (both["buckets_w"] == both["buckets_g"])
+            & np.isclose(both["price_mean_w"], both["price_mean_g"], rtol=RTOL)).to_numpy()
+    same &= np.isclose(coefficients("coefficients_g"), coefficients("coefficients_w"),
+                       rtol=1e-6, atol=1e-9).all(axis=1)
+    for idx in both.index[~same]:
+        report.problem("wrong", 1, f"batch {batch}: window {idx} differs from the "
+                       f"reference: {dict(got.loc[idx])} vs {dict(want.loc[idx])}")
 
 
 class RunDirError(ValueError):
