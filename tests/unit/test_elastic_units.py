@@ -463,11 +463,11 @@ def test_calibration_fits_only_batches_of_different_sizes() -> None:
     assert not calibration.spread_ok(same[:1])
 
 
-@pytest.mark.parametrize("overhead_s,capacity,warmup_s", [(0.6, 145_000.0, 25.0),
+@pytest.mark.parametrize("overhead_s,capacity,first_batch_s", [(0.6, 145_000.0, 25.0),
                                                            (1.5, 41_000.0, 100.0)])
 def test_the_demo_step_needs_two_workers_exactly_while_high(overhead_s: float,
                                                             capacity: float,
-                                                            warmup_s: float) -> None:
+                                                            first_batch_s: float) -> None:
     """On the calibrated model: low and two workers at high meet the bound, one worker at
     high does not, even if the live per-record cost is 1.6x lower than the calibrated
     one; the step comes near the measured warm-up's end and falls after it."""
@@ -476,7 +476,7 @@ def test_the_demo_step_needs_two_workers_exactly_while_high(overhead_s: float,
 
     cal = calibration.Calibration(overhead_s=overhead_s, cost_per_record_s=1 / capacity,
                                   capacity_rps=capacity, batches=12, measured_at=0.0,
-                                  shape="x", warmup_s=warmup_s)
+                                  shape="x", first_batch_s=first_batch_s)
     plan = calibration.step_plan(cal)
 
     def p95_ms(rate: float, workers: int, cost_ratio: float = 1.0) -> float:
@@ -488,7 +488,8 @@ def test_the_demo_step_needs_two_workers_exactly_while_high(overhead_s: float,
     assert p95_ms(plan.high_rps, 1) > plan.bound_ms
     assert p95_ms(plan.high_rps, 1, cost_ratio=1.6) > plan.bound_ms
     assert p95_ms(plan.low_rps, 1, cost_ratio=0.7) < plan.bound_ms
-    assert plan.up_at_s >= 0.9 * warmup_s and plan.down_at_s > plan.up_at_s + 60
+    assert plan.up_at_s >= int(0.9 * cal.warmup_s(plan.low_rps))
+    assert plan.down_at_s > plan.up_at_s + 40
 
 
 def test_state_is_named_per_stateful_operator_from_the_checkpoint(tmp_path) -> None:
