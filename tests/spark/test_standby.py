@@ -26,6 +26,8 @@ def test_a_standby_fits_only_runs_its_application_can_serve() -> None:
     assert fits(offer, {**run, "max_workers": 4}) is None
     assert "5 workers" in fits(offer, {**run, "max_workers": 5})
     assert "executor memory 1g" in fits(offer, {**run, "executor_memory": "1g"})
-    assert "locality" in fits(offer, {**run, "locality_wait": "0s"})
+    # A run's own locality wait is set on the adopted session's live context
+    # (session.set_locality_wait), and the standby's reset removes it again.
+    assert fits(offer, {**run, "locality_wait": "120s"}) is None
     assert "spark://other:7077" in fits(_offer(master_url="spark://other:7077"), run)
     assert Offer.from_json(offer.to_json()) == offer

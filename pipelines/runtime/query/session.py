@@ -137,6 +137,21 @@ def _with_secret(builder: Any, secret: str) -> Any:
         os.unlink(props)
 
 
+def set_locality_wait(spark: Any, wait: str | None) -> None:
+    """``spark.locality.wait`` of a running application (None: Spark's default, 3 s).
+
+    The scheduler reads it from the SparkContext's own conf each time it creates a task
+    set (``TaskSetManager.getLocalityWait``), so a change applies from the next stage
+    on. PySpark has no public setter: a SparkConf is fixed once its context starts
+    (``getConf`` returns a copy), and ``spark.conf.set`` only sets SQL confs. So a
+    standby's session serves a run with a wait of its own, and its reset undoes it."""
+    conf = spark.sparkContext._jsc.sc().conf()
+    if wait is None:
+        conf.remove("spark.locality.wait")
+    else:
+        conf.set("spark.locality.wait", wait)
+
+
 def apply_run_conf(spark: Any, spec: definition.PipelineSpec) -> None:
     """The pipeline's own settings, as runtime SQL confs (read when its query starts)."""
     spark.conf.set("spark.sql.shuffle.partitions", str(spec.key_groups))

@@ -57,6 +57,7 @@ from pipelines.runtime.query.session import (
     EXECUTOR_WAIT_S,
     EXTRA_EXECUTOR_WAIT_S,
     apply_run_conf,
+    set_locality_wait,
     build_session,
 )
 
@@ -190,6 +191,8 @@ class Runner:
             # A standby runner's warm session (pipelines.runtime.runner.standby): its JVM,
             # executor and Python workers are up and have run a micro-batch already.
             self.spark = self.adopted_session
+            if cfg.locality_wait is not None:
+                set_locality_wait(self.spark, cfg.locality_wait)
         else:
             self.spark = build_session(cfg.master_url, f"streamwise-run-{cfg.run_id}",
                                        cfg.max_workers, cfg.executor_memory,

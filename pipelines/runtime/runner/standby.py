@@ -18,9 +18,10 @@ the test harness's pool, the product's ``STANDBY_RUNS``, 1 by default so that no
 shares an application with an earlier one) goes back to waiting after a run that
 stopped cleanly, its session reset (``Standby.reset``: no query, no listener, one
 executor), so a series of short runs pays the application's start once. What it
-cannot change (``spark.cores.max``, executor memory, a custom
-``spark.locality.wait``, the cluster) decides whether it fits; a run it does not fit
-gets a cold runner as before.
+cannot change (``spark.cores.max``, executor memory, the cluster) decides whether it
+fits; a run it does not fit gets a cold runner as before. A run's own
+``spark.locality.wait`` is set on the live context (``session.set_locality_wait``) and
+the reset puts Spark's default back.
 
 Redis contract (no Django here):
 
@@ -135,8 +136,6 @@ def fits(offer: Offer, run_config: dict[str, Any]) -> str | None:
     memory = run_config.get("executor_memory", "512m")
     if memory != offer.executor_memory:
         return f"executor memory {memory} (the standby's: {offer.executor_memory})"
-    if run_config.get("locality_wait") is not None:
-        return "the run sets its own spark.locality.wait"
     return None
 
 
@@ -238,11 +237,14 @@ class Standby:
     def reset(self) -> None:
         """Leave the session as ``serve`` leaves it: no streaming query, no streaming
         listener (the run's ``Runner._shutdown`` removed its own), one executor and a
-        target of one. A run's SQL confs stay: every run sets its own (``apply_run_conf``)."""
+        target of one, Spark's default locality wait. A run's SQL confs stay: every run
+        sets its own (``apply_run_conf``)."""
         from pipelines.runtime.elastic.executors import ExecutorControl
+        from pipelines.runtime.query.session import set_locality_wait
 
         for query in self.spark.streams.active:
             query.stop()
+        set_locality_wait(self.spark, None)
         self.spark.catalog.clearCache()
         self._one_executor(ExecutorControl(self.spark))
 
