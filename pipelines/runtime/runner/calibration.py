@@ -135,15 +135,15 @@ def step_plan(cal: Calibration) -> StepPlan:
     # The controller decides nothing on the first WARMUP_BATCHES batches: the first
     # batch (JVM and Python workers warm up) and the warm-up at low come first.
     # The step comes shortly before the warm-up ends (the calibration's first batch, then
-    # its model's batches at low), so
-    # that the first window the controller reads already holds high batches; much
-    # earlier, the saturated batches would only lengthen the warm-up (it counts batches).
+    # its model's batches at low), so that the first window the controller reads already
+    # holds high batches; much earlier, the saturated batches would only lengthen the
+    # warm-up (it counts batches).
     up_at = int(max(15 + (WARMUP_BATCHES + 3) * cal.batch_s(low), 0.9 * cal.warmup_s(low)))
     # While high: the first high batches on one worker, the decision, an executor's
     # start and the migration of half the key groups (batches of ~2·o, the state
     # reloads), then a few steps on two. Measured: the decision came at the first
-    # control step after the step and two workers 18 s (quiet) to 25 s (one core kept
-    # busy) after it, against 77 s here at o = 1.28 s. Should the fall come first on a
+    # control step after the step and two workers 18 s (quiet) to 33 s (one core kept
+    # busy) after it; the phase is 77 s at o = 1.28 s. Should the fall come first on a
     # slower machine, the decided scale-up still completes and the fall scales back.
     down_at = up_at + int(40 + 4 * cal.batch_s(0.55 * cal.capacity_rps) + 20 * cal.overhead_s)
     return StepPlan(low, high, up_at, down_at, bound_ms)

@@ -57,8 +57,8 @@ from pipelines.runtime.query.session import (
     EXECUTOR_WAIT_S,
     EXTRA_EXECUTOR_WAIT_S,
     apply_run_conf,
-    set_locality_wait,
     build_session,
+    set_locality_wait,
 )
 
 # PySpark (and the modules that import it) are imported lazily: the first heartbeat
