@@ -1,7 +1,7 @@
 """The closed loop on the real stack, as a newcomer meets it: the seeded elastic demo
 (its rate steps around one worker's capacity, measured on this machine) is started from
-the Start form under the seeded MPC policy; within 180 s (later only where the measured
-warm-up puts the step later) the controller scales it 1 -> 2 workers (a marker and a
+the Start form under the seeded MPC policy; within 180 s (later only where the warm-up,
+from the calibration's measured first batch, puts the step later) the controller scales it 1 -> 2 workers (a marker and a
 "1 → 2" decision on the page), then back down after the rate falls, every decision
 stored, pushed and marked; the verifier then checks the run's output (nothing lost or
 duplicated across the reconfigurations). Before that, the policy form refuses an invalid
@@ -30,7 +30,8 @@ STALE = (StaleElementReferenceException, NoSuchElementException)
 
 # Start -> the scale-up decision on the page (the issue's promise to a newcomer), on a
 # machine whose warm-up and step come early enough; on a slower one the step itself comes
-# later (calibration.step_plan, from the measured warm-up) and the bound follows it:
+# later (calibration.step_plan, from the measured first batch and the model's warm-up
+# batches) and the bound follows it:
 # the step, then a few batches at high (the first p95 over the bound) and the decision.
 SCALE_UP_WITHIN_S = 180
 

@@ -470,7 +470,8 @@ def test_the_demo_step_needs_two_workers_exactly_while_high(overhead_s: float,
                                                             first_batch_s: float) -> None:
     """On the calibrated model: low and two workers at high meet the bound, one worker at
     high does not, even if the live per-record cost is 1.6x lower than the calibrated
-    one; the step comes near the measured warm-up's end and falls after it."""
+    one; the step comes near the warm-up's end (the measured first batch, then the
+    model's batches at low) and falls after it."""
     from control.live import LATENCY_QUANTILE
     from pipelines.runtime.runner import calibration
 
