@@ -38,5 +38,8 @@ fi
 
 # Spark's classes as one shared archive that every run's JVMs map instead of loading
 # them (pipelines/runtime/cluster/classarchive.py): made once per venv (~1 min),
-# checked in a moment after that.
-.venv/bin/python -m pipelines.runtime.runner.classarchive
+# checked in a moment after that. .ci/test.sh makes it itself, beside the first tests
+# (STREAMWISE_BOOTSTRAP_ARCHIVE=0).
+if [ "${STREAMWISE_BOOTSTRAP_ARCHIVE:-1}" != 0 ]; then
+  .venv/bin/python -m pipelines.runtime.runner.classarchive
+fi

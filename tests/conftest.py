@@ -45,19 +45,59 @@ def folder_marker(conftest_file: str, marker: str) -> Callable[[list[pytest.Item
     return mark_the_folder
 
 
+# Fixtures that start JVMs: a test that uses one waits for the class archive
+# (_class_archive_made) and runs after the tests that start none.
+JVM_FIXTURES = ("spark_cluster", "live_stack", "standby_pool", "one_worker")
+
+
+def starts_jvms(item: pytest.Item) -> bool:
+    return bool(item.get_closest_marker("spark")
+                or set(JVM_FIXTURES) & set(getattr(item, "fixturenames", ())))
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m selects by the markers it adds
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """make test runs dbless tests once, single_pass tests only on SQLite and
     both_engines tests on both: a test with two of these markers is a mistake. Marks
-    the tests of ``DATABASE_LANE_FILES`` database_lane."""
+    the tests of ``DATABASE_LANE_FILES`` database_lane, and puts the tests that start
+    JVMs last."""
     for item in items:
         if item.path.name in DATABASE_LANE_FILES:
             item.add_marker(pytest.mark.database_lane)
+    # Tests that start no JVM first, in their files' order: they run while
+    # .ci/test.sh still makes the class archive, and they fail faster.
+    items.sort(key=starts_jvms)
     marks = ("dbless", "single_pass", "both_engines")
     clash = [i.nodeid for i in items if sum(bool(i.get_closest_marker(m)) for m in marks) > 1]
     if clash:
         raise pytest.UsageError(f"marked with more than one of {', '.join(marks)}: "
                                 f"{', '.join(clash)}")
+
+
+_ARCHIVE_WAIT_S = 900.0
+
+
+def wait_for_class_archive() -> None:
+    """Until .ci/test.sh has made the class archive (``$STREAMWISE_CLASS_ARCHIVE_DONE``
+    holds the maker's exit status), so that the JVMs about to start map it: without it
+    they start, only slower, and the test that checks they map it fails. Outside
+    .ci/test.sh the bootstrap made it already."""
+    done = os.environ.get("STREAMWISE_CLASS_ARCHIVE_DONE")
+    deadline = time.monotonic() + _ARCHIVE_WAIT_S
+    while done and not Path(done).exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the class archive was not made within {_ARCHIVE_WAIT_S:.0f} s "
+                        f"({done} never appeared)")
+        time.sleep(0.5)
+
+
+@pytest.fixture(autouse=True)
+def _class_archive_made(request: pytest.FixtureRequest) -> None:
+    """For the Spark tests that start their own JVMs (a benchmark's cluster, extra
+    hosts); the session fixtures that start JVMs wait themselves, as they are set up
+    before any function fixture."""
+    if starts_jvms(request.node):
+        wait_for_class_archive()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -206,6 +246,7 @@ def spark_cluster() -> Iterator[Any]:
 
     from pipelines.runtime.cluster import standalone as cluster
 
+    wait_for_class_archive()
     info = cluster.start(Path(settings.SPARK_DIR))
     yield info
     cluster.stop(info)

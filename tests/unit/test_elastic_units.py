@@ -471,7 +471,7 @@ def test_the_demo_step_needs_two_workers_exactly_while_high(overhead_s: float,
     """On the calibrated model: low and two workers at high meet the bound, one worker at
     high does not, even if the live per-record cost is 1.6x lower than the calibrated
     one; the step comes near the warm-up's end (the measured first batch, then the
-    model's batches at low) and falls after it."""
+    model's batches at low) and falls once two workers carry it."""
     from control.live import LATENCY_QUANTILE
     from pipelines.runtime.runner import calibration
 
@@ -490,7 +490,8 @@ def test_the_demo_step_needs_two_workers_exactly_while_high(overhead_s: float,
     assert p95_ms(plan.high_rps, 1, cost_ratio=1.6) > plan.bound_ms
     assert p95_ms(plan.low_rps, 1, cost_ratio=0.7) < plan.bound_ms
     assert plan.up_at_s >= int(0.9 * cal.warmup_s(plan.low_rps))
-    assert plan.down_at_s > plan.up_at_s + 40
+    # High outlasts the step -> two workers measured with one core kept busy (33 s).
+    assert plan.down_at_s > plan.up_at_s + 35
 
 
 def test_state_is_named_per_stateful_operator_from_the_checkpoint(tmp_path) -> None:
