@@ -45,10 +45,9 @@ def _runner(tmp_path: Path, cluster: Any, doc: dict, name: str,
 def _settled(run: RunnerProcess, generation: int) -> None:
     """Until 3 more batches have committed and one of ``generation`` has written rows
     (so that the check compares some of each generation's output: Q5's windows close
-    every batch or every third). Three: the next re-plan measures its downtime in
-    buckets twice the median gap between the commits since the last re-plan's
-    acknowledgement (gloss.bucket_width); with fewer than two gaps the bucket falls to
-    1 s, and a 2 s trigger read as 10-20 s of downtime."""
+    every batch or every third). Three: the next re-plan measures its disruption
+    against the commits since the last re-plan's acknowledgement (the baseline rate,
+    the buckets' width: gloss.gloss_metrics)."""
     after = len(run.metrics) + 3
     run.wait_until(lambda: len(run.metrics) >= after
                    and any(m["generation"] == generation and m["output_rows"]

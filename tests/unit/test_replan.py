@@ -379,6 +379,19 @@ def test_buckets_widen_with_a_slow_cadence_so_steady_output_is_never_down() -> N
     assert m.buckets == 10 and m.downtime_s == 0
 
 
+def test_a_replan_right_after_another_measures_a_triggered_run_in_two_trigger_buckets(
+        ) -> None:
+    # A 2-s trigger, a commit every 2 s; the re-plan is requested 0.5 s after the last
+    # one's measurement ended, so no commit lies in its baseline.
+    batches = [(1000.0 + 2 * i + 0.9, 200, 900.0, 1000.0 + 2 * i) for i in range(60)]
+    m = replan.gloss_metrics(batches, 1060.5, 1090.0, lambda t: int(100 * t),
+                             baseline_from=1060.0, trigger_s=2.0)
+    assert m.bucket_s == 4.0 and m.downtime_s == 0
+    # Without a trigger the commits alone set the width, as before.
+    assert replan.gloss_metrics(batches, 1060.5, 1090.0, lambda t: int(100 * t),
+                                baseline_from=1060.0).bucket_s == 1.0
+
+
 def test_the_throttle_halves_the_old_generations_share_and_keeps_it_emitting() -> None:
     assert replan.throttle_pause(1.0, 0.2) == 0.0  # not before THROTTLE_AFTER_S
     first = replan.throttle_pause(replan.THROTTLE_AFTER_S, 0.1)

@@ -663,7 +663,11 @@ def gloss_metrics(batches: Sequence[tuple[Any, ...]], t_request: float,
       processing-time trigger, :func:`throughput_per_second`)."""
     since = max(t_request - BASELINE_S, baseline_from or 0.0)
     before = [(b[0], b[1]) for b in batches if since <= b[0] < t_request]
-    width = bucket_width([t for t, _ in before])
+    # At least two triggers: a steady run on one commits once per trigger, the width
+    # its own commits give (a re-plan requested right after another one's measurement
+    # has too few commits before it to say, and its 1-s default read a 2-s trigger's
+    # steady output as 10-20 s of downtime).
+    width = max(bucket_width([t for t, _ in before]), 2 * trigger_s)
     # Whole buckets only: the span is measured at t_end, so a last bucket reaching past
     # it has not seen the commits due in its remainder (it read as downtime).
     n = max(1, math.floor((t_end - t_request) / width))
