@@ -1,11 +1,11 @@
 """The closed loop on the real stack, as a newcomer meets it: the seeded elastic demo
 (its rate steps around one worker's capacity, measured on this machine) is started from
 the Start form under the seeded MPC policy; within 180 s (later only where the warm-up,
-from the calibration's measured first batch, puts the step later) the controller scales it 1 -> 2 workers (a marker and a
-"1 → 2" decision on the page), then back down after the rate falls, every decision
-stored, pushed and marked; the verifier then checks the run's output (nothing lost or
-duplicated across the reconfigurations). Before that, the policy form refuses an invalid
-horizon on its field."""
+from the calibration's measured first batch, puts the step later) the controller scales
+it 1 -> 2 workers (a marker and a "1 → 2" decision on the page), then back down after
+the rate falls, every decision stored, pushed and marked; the verifier then checks the
+run's output (nothing lost or duplicated across the reconfigurations). Before that, the
+policy form refuses an invalid horizon on its field."""
 from __future__ import annotations
 
 import json

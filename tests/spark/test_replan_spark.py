@@ -141,8 +141,7 @@ def test_a_nexmark_window_query_is_replanned_by_replaying_its_state_horizon(
         named = [op["operator"] for op in run.metrics[-1].get("operator_bytes", [])]
         assert sorted(named) == sorted(n.id for n in spec.graph.stateful)
         # Seamless to 8 groups, stop-and-restart to 2, seamless to 4 in a process, each
-        # once the generation before has settled (_settled; four batches after each
-        # acknowledgement took longer, for nothing more compared).
+        # once the generation before has settled (_settled).
         _settled(run, 0)
         seamless = _replan(run, 8, "seamless")
         _settled(run, 1)

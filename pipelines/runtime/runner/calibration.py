@@ -39,9 +39,9 @@ from pipelines.runtime.runner.harness import HarnessError, RunnerProcess
 RAMP: tuple[tuple[float, int], ...] = ((150_000.0, 7), (5_000.0, 30))
 # Then the rate alternates, low long enough for a slow machine to drain what the high
 # level left, high short enough not to bury it: until the fit has its batches and at
-# least MIN_CYCLES cycles have passed. Two cycles gave the fit 30-40 batches here, 6-10
-# of them overloaded; a third added 28 s to every calibration (the test suite's closed
-# loop pays it with nothing else running) and moved o and c by less than their jitter. A climb through ever higher rates (up to 160K/s)
+# least MIN_CYCLES cycles have passed. Two cycles gave the fit 25 batches here (o 1.15 s,
+# c 14.2 µs; three gave 45 batches, o 1.07 s, c 14.4 µs), and each cycle is 28 s more
+# of every calibration. A climb through ever higher rates (up to 160K/s)
 # and one level held after it did not work on a busy machine: with one core kept busy
 # the climb left a backlog of millions of records, every batch after the warm-up held
 # 300K-1.7M of them, and the intercept (o, 4.6 s) was extrapolated far from any batch.
@@ -145,7 +145,7 @@ def step_plan(cal: Calibration) -> StepPlan:
     # start and the migration of half the key groups (batches of ~2·o, the state
     # reloads), then a few steps on two. Measured: the decision came at the first
     # control step after the step and two workers 18-27 s (quiet) to 33 s (one core
-    # kept busy) after it; the phase is 55 s at o = 1.28 s. Should the fall come first
+    # kept busy) after it; the phase is 52 s at o = 1.28 s. Should the fall come first
     # on a slower machine, the decided scale-up still completes and the fall scales
     # back (the control loop waits for a pending reconfiguration).
     down_at = up_at + int(25 + 4 * cal.batch_s(0.55 * cal.capacity_rps) + 12 * cal.overhead_s)
