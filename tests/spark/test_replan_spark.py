@@ -77,7 +77,7 @@ HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
        "operators": [{"type": "filter", "field": "value", "op": "<", "value": 990},
                      {"type": "hft_window", "window": 12, "slide": 4, "degree": 2}],
        "sink": {"type": "latency", "keep_output": True},
-       "key_groups": 4}
+       "key_groups": 4, "trigger_ms": 4000}
 
 
 def test_hft_windows_carry_over_a_migration_and_a_seamless_replan_and_equal_the_reference(

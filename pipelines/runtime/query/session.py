@@ -62,6 +62,9 @@ def build_session(master_url: str, app_name: str, max_workers: int,
     inside the source's reader (``source.GeneratorStreamReader``)."""
     from pyspark.sql import SparkSession
 
+    from pipelines.runtime.query import py4jnames
+
+    py4jnames.install()  # a driver's per-batch Python calls look JVM names up again
     host = host or driver_host()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = host
