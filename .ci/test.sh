@@ -18,20 +18,11 @@
 # lane alone leaves about a quarter of the two cores idle (a run's driver plans while
 # its executor waits, the live stack waits for a rate step or a decision); the tests
 # already hold with one core kept busy, which is what the other lane is to them.
-# Each pass's output is printed whole when it ends.
-#
-# The alone tests measure the machine and rely on the measure (the closed loop's rate
-# step comes from a calibration; under a load that changes between the two, the run
-# meets another machine than the one calibrated). Where this machine lets us make a
-# CPU control group (cgroup v1's cpu controller, as root), they run beside the lanes
-# from the start, and the lanes run in a group that weighs as much as one session
-# outside it (cpu.shares 1024; the kernel shares the CPU between the sessions of the
-# root group, autogroup): the alone test's three busy sessions (its pytest with the
-# calibration's driver, its runner, its executors) get three quarters of the machine
-# whenever they want it, and the lanes everything they leave (the closed loop alone
-# kept 1.3 of the 2 cores busy). Elsewhere (STREAMWISE_TEST_ALONE=after, or no
-# cgroup) they run after the lanes, with nothing beside them. STREAMWISE_TEST_LANES=1
-# runs every pass one after another.
+# Each lane's output is printed whole when it ends. Then the alone tests run, with
+# nothing beside them: they measure the machine and rely on the measure (the closed
+# loop's rate step comes from a calibration; under the other lane's changing load the
+# run met another machine than the one calibrated). STREAMWISE_TEST_LANES=1 runs the
+# passes one after another instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STREAMWISE_BOOTSTRAP_ARCHIVE=0 bash .ci/bootstrap.sh --test || exit 1
@@ -45,8 +36,7 @@ export STREAMWISE_CLASS_ARCHIVE_DONE=$var/class-archive.done
 rm -f "$STREAMWISE_CLASS_ARCHIVE_DONE"
 (.venv/bin/python -m pipelines.runtime.runner.classarchive >"$var/class-archive.log" 2>&1
  echo $? >"$STREAMWISE_CLASS_ARCHIVE_DONE") &
-# The dbless lane takes the next Redis database, the alone pass the one two below.
-redis_base=${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}
+redis_base=${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}  # the dbless lane takes the next DB
 export STREAMWISE_DATA_ROOT=${STREAMWISE_DATA_ROOT:-$PWD/../shared/data}
 export SECRET_KEY=test-only
 pytest=(.venv/bin/python -m pytest --durations=25)
@@ -70,11 +60,10 @@ database_lane() {
 }
 
 alone_pass() {
-  local db=${redis_base##*/}
-  export REDIS_URL=${redis_base%/*}/$((db - 2)) STREAMWISE_VAR=$var/alone
+  export REDIS_URL=$redis_base STREAMWISE_VAR=$var
   echo "=== tests that calibrate the machine, alone (on SQLite)"
   # No standby either: its warm-up would run beside the calibration.
-  STREAMWISE_TEST_LIVE_STANDBYS=0 DATABASE_URL=sqlite:///$var/alone/db.sqlite3 \
+  STREAMWISE_TEST_LIVE_STANDBYS=0 DATABASE_URL=sqlite:///$var/db.sqlite3 \
     "${pytest[@]}" -m alone "$@"
 }
 
@@ -88,7 +77,6 @@ dbless_lane() {
     "${pytest[@]}" -m "dbless and not database_lane and not alone" "$@"
 }
 
-mkdir -p "$var/dbless" "$var/alone"
 if [ "${STREAMWISE_TEST_LANES:-2}" = 1 ]; then
   database_lane "$@" || status=1
   dbless_lane "$@" || status=1
@@ -97,45 +85,24 @@ if [ "${STREAMWISE_TEST_LANES:-2}" = 1 ]; then
   exit $status
 fi
 
-LANE_SHARES=1024
-lanes_group=""
-if [ "${STREAMWISE_TEST_ALONE:-beside}" = beside ] && [ -w /sys/fs/cgroup/cpu/cgroup.procs ] \
-    && mkdir "/sys/fs/cgroup/cpu/streamwise-lanes-$$" 2>/dev/null; then
-  lanes_group=/sys/fs/cgroup/cpu/streamwise-lanes-$$
-  echo $LANE_SHARES >"$lanes_group/cpu.shares"
-fi
+mkdir -p "$var/dbless"
 started=$SECONDS
-declare -A pass_of
+declare -A lane_of
 for lane in database dbless; do
-  # The lane's shell joins the group first: everything it starts inherits it.
-  (if [ -n "$lanes_group" ]; then echo "$BASHPID" >"$lanes_group/cgroup.procs"; fi
-   "${lane}_lane" "$@") >"$var/lane-$lane.log" 2>&1 &
-  pass_of[$!]=$lane
+  "${lane}_lane" "$@" >"$var/lane-$lane.log" 2>&1 &
+  lane_of[$!]=$lane
 done
-passes=2
-if [ -n "$lanes_group" ]; then
-  alone_pass "$@" >"$var/lane-alone.log" 2>&1 &
-  pass_of[$!]=alone
-  passes=3
-  echo "=== the alone tests and two lanes started: the lanes in $lanes_group" \
-       "(cpu.shares $LANE_SHARES); each pass's output follows when it ends"
-else
-  echo "=== two lanes started: the database tests (PostgreSQL, then SQLite) and the" \
-       "dbless tests; each lane's output follows when it ends"
-fi
-for _ in $(seq $passes); do
-  wait -n -p ended "${!pass_of[@]}"
+echo "=== two lanes started: the database tests (PostgreSQL, then SQLite) and the dbless" \
+     "tests; each lane's output follows when it ends"
+for _ in 1 2; do
+  wait -n -p ended "${!lane_of[@]}"
   rc=$?
   [ $rc = 0 ] || status=1
-  lane=${pass_of[$ended]}
-  unset "pass_of[$ended]"
-  echo "=== '$lane' ended after $((SECONDS - started)) s (exit $rc)"
+  lane=${lane_of[$ended]}
+  unset "lane_of[$ended]"
+  echo "=== lane '$lane' ended after $((SECONDS - started)) s (exit $rc)"
   cat "$var/lane-$lane.log"
 done
-if [ -n "$lanes_group" ]; then
-  rmdir "$lanes_group" 2>/dev/null  # a process left behind keeps it (and is a bug)
-else
-  alone_pass "$@" || status=1
-fi
+alone_pass "$@" || status=1
 cat "$var/class-archive.log"
 exit $status
