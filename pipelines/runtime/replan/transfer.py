@@ -10,7 +10,10 @@ cannot lower a task's OS priority, but a process can lower its own: this one run
 ``nice 19`` under Linux's ``SCHED_IDLE`` with a one-core local Spark, so it takes only
 the CPU the run leaves idle. On a machine that other work keeps busy that can starve it
 (Spark fails a Python worker that has not connected back within 10 s): the runner then
-raises it to ``LOW`` (``raise_priority``) or runs it again at ``LOW``.
+raises it to ``LOW`` (``raise_priority``) or runs it again at ``LOW``. (Where the kernel
+shares the CPU between sessions first, autogroup with every process in the root CPU
+group, this process's own session gets a session's share whatever its priority:
+measured in docs/benchmarks.md, 2026-12-06.)
 
 It reads the old query's state after batch N (``replan.write_snapshot``), then runs the
 new generation's query (the run's pipeline with the new key groups, ``query.Seed``) on
