@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-py4j_gateway = pytest.importorskip("py4j.java_gateway")
+from py4j import java_gateway as py4j_gateway
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ methods are kept here, per gateway connection and view; fields are not (their va
 may change), nor failures, and a ``java_import`` empties what was kept (it changes what
 a short name means). py4j answers "package" for any name that is no class; a jar added
 to the driver while it runs could make such a name a class, which a kept answer would
-hide: nothing here adds jars to a running driver. Measured in ``docs/benchmarks.md`` ("Name look-ups").
+hide: nothing here adds jars to a running driver. Python's own (dunder) names pass
+through untouched. Measured in ``docs/benchmarks.md`` ("Name look-ups through py4j").
 """
 from __future__ import annotations
 
@@ -46,6 +47,9 @@ def install() -> None:
 
     def kept(kind: str, scope: str, owner: Any, name: str, lookup: Any,
              keep: tuple[type, ...]) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            return lookup(owner, name)
+        # The kept objects hold the client, so its id is not reused while they live.
         key = (id(owner._gateway_client), kind + scope, name)
         found = _kept.get(key)
         if found is None:
@@ -58,14 +62,10 @@ def install() -> None:
         return kept("v", self._id, self, name, view_lookup, (gw.JavaClass, gw.JavaPackage))
 
     def package_getattr(self: Any, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            return package_lookup(self, name)
         return kept("p", f"{self._jvm_id}:{self._fqn}", self, name, package_lookup,
                     (gw.JavaClass, gw.JavaPackage))
 
     def class_getattr(self: Any, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            return class_lookup(self, name)
         return kept("c", self._fqn, self, name, class_lookup,
                     (gw.JavaClass, gw.JavaMember))
 
