@@ -18,11 +18,22 @@
 # lane alone leaves about a quarter of the two cores idle (a run's driver plans while
 # its executor waits, the live stack waits for a rate step or a decision); the tests
 # already hold with one core kept busy, which is what the other lane is to them.
-# Each lane's output is printed whole when it ends. Then the alone tests run, with
-# nothing beside them: they measure the machine and rely on the measure (the closed
-# loop's rate step comes from a calibration; under the other lane's changing load the
-# run met another machine than the one calibrated). STREAMWISE_TEST_LANES=1 runs the
-# passes one after another instead.
+# Each pass's output is printed whole when it ends.
+#
+# The alone tests measure the machine and rely on the measure (the closed loop's rate
+# step comes from a calibration; under a load that changes between the two, the run
+# meets another machine than the one calibrated). Where this machine lets us make a
+# CPU control group (cgroup v1's cpu controller, as root), they run from the start
+# beside the lanes in a group that outweighs everything else (cpu.shares 262144
+# against 1024 for each session of the root group, which the kernel shares the CPU
+# between first: autogroup): whatever CPU they want, they get, and the lanes take what
+# they leave (alone, the closed loop kept 1.3 of the 2 cores busy, so its wait for a
+# rate step or a decision is the lanes' time). The lanes stay in the root group, where
+# a re-plan's state transfer at idle priority still gets its session's share. The
+# class archive is made in that group too: every pass's first JVM waits for it.
+# Elsewhere (STREAMWISE_TEST_ALONE=after, or no such group) the alone tests run after
+# the lanes, with nothing beside them. STREAMWISE_TEST_LANES=1 runs every pass one
+# after another.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STREAMWISE_BOOTSTRAP_ARCHIVE=0 bash .ci/bootstrap.sh --test || exit 1
@@ -34,9 +45,22 @@ mkdir -p "$var"
 # (~35 s alone, on a clean clone the set-up's longest step).
 export STREAMWISE_CLASS_ARCHIVE_DONE=$var/class-archive.done
 rm -f "$STREAMWISE_CLASS_ARCHIVE_DONE"
-(.venv/bin/python -m pipelines.runtime.runner.classarchive >"$var/class-archive.log" 2>&1
+ALONE_SHARES=262144  # cgroup v1's largest weight
+alone_group=""
+if [ "${STREAMWISE_TEST_LANES:-2}" != 1 ] && [ "${STREAMWISE_TEST_ALONE:-beside}" = beside ] \
+    && [ -w /sys/fs/cgroup/cpu/cgroup.procs ] \
+    && mkdir "/sys/fs/cgroup/cpu/streamwise-alone-$$" 2>/dev/null; then
+  alone_group=/sys/fs/cgroup/cpu/streamwise-alone-$$
+  echo $ALONE_SHARES >"$alone_group/cpu.shares"
+fi
+join_alone_group() {  # the calling (sub)shell, and all it starts from now on
+  if [ -n "$alone_group" ]; then echo "$BASHPID" >"$alone_group/cgroup.procs"; fi
+}
+(join_alone_group
+ .venv/bin/python -m pipelines.runtime.runner.classarchive >"$var/class-archive.log" 2>&1
  echo $? >"$STREAMWISE_CLASS_ARCHIVE_DONE") &
-redis_base=${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}  # the dbless lane takes the next DB
+# The dbless lane takes the next Redis database, the alone pass the one two below.
+redis_base=${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}
 export STREAMWISE_DATA_ROOT=${STREAMWISE_DATA_ROOT:-$PWD/../shared/data}
 export SECRET_KEY=test-only
 pytest=(.venv/bin/python -m pytest --durations=25)
@@ -60,10 +84,16 @@ database_lane() {
 }
 
 alone_pass() {
-  export REDIS_URL=$redis_base STREAMWISE_VAR=$var
-  echo "=== tests that calibrate the machine, alone (on SQLite)"
+  local db=${redis_base##*/}
+  export REDIS_URL=${redis_base%/*}/$((db - 2)) STREAMWISE_VAR=$var/alone
+  if [ -n "$alone_group" ]; then
+    echo "=== tests that calibrate the machine, beside the lanes in $alone_group" \
+         "(cpu.shares $ALONE_SHARES; on SQLite)"
+  else
+    echo "=== tests that calibrate the machine, alone (on SQLite)"
+  fi
   # No standby either: its warm-up would run beside the calibration.
-  STREAMWISE_TEST_LIVE_STANDBYS=0 DATABASE_URL=sqlite:///$var/db.sqlite3 \
+  STREAMWISE_TEST_LIVE_STANDBYS=0 DATABASE_URL=sqlite:///$var/alone/db.sqlite3 \
     "${pytest[@]}" -m alone "$@"
 }
 
@@ -77,6 +107,7 @@ dbless_lane() {
     "${pytest[@]}" -m "dbless and not database_lane and not alone" "$@"
 }
 
+mkdir -p "$var/dbless" "$var/alone"
 if [ "${STREAMWISE_TEST_LANES:-2}" = 1 ]; then
   database_lane "$@" || status=1
   dbless_lane "$@" || status=1
@@ -85,24 +116,35 @@ if [ "${STREAMWISE_TEST_LANES:-2}" = 1 ]; then
   exit $status
 fi
 
-mkdir -p "$var/dbless"
 started=$SECONDS
-declare -A lane_of
+declare -A pass_of
 for lane in database dbless; do
   "${lane}_lane" "$@" >"$var/lane-$lane.log" 2>&1 &
-  lane_of[$!]=$lane
+  pass_of[$!]=$lane
 done
-echo "=== two lanes started: the database tests (PostgreSQL, then SQLite) and the dbless" \
-     "tests; each lane's output follows when it ends"
-for _ in 1 2; do
-  wait -n -p ended "${!lane_of[@]}"
+if [ -n "$alone_group" ]; then
+  (join_alone_group; alone_pass "$@") >"$var/lane-alone.log" 2>&1 &
+  pass_of[$!]=alone
+  echo "=== the alone tests (in a CPU group that outweighs the rest) and two lanes" \
+       "started: the database tests (PostgreSQL, then SQLite) and the dbless tests;" \
+       "each pass's output follows when it ends"
+else
+  echo "=== two lanes started: the database tests (PostgreSQL, then SQLite) and the" \
+       "dbless tests; each lane's output follows when it ends"
+fi
+while [ ${#pass_of[@]} -gt 0 ]; do
+  wait -n -p ended "${!pass_of[@]}"
   rc=$?
   [ $rc = 0 ] || status=1
-  lane=${lane_of[$ended]}
-  unset "lane_of[$ended]"
-  echo "=== lane '$lane' ended after $((SECONDS - started)) s (exit $rc)"
+  lane=${pass_of[$ended]}
+  unset "pass_of[$ended]"
+  echo "=== '$lane' ended after $((SECONDS - started)) s (exit $rc)"
   cat "$var/lane-$lane.log"
 done
-alone_pass "$@" || status=1
+if [ -n "$alone_group" ]; then
+  rmdir "$alone_group" 2>/dev/null || true  # refused while a process is left in it
+else
+  alone_pass "$@" || status=1
+fi
 cat "$var/class-archive.log"
 exit $status

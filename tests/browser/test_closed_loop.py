@@ -23,7 +23,8 @@ from tests.conftest import stop_and_wait, wait_for
 from pipelines.management.browser import headless_chromium, log_in
 
 # alone: its rate step is derived from a calibration, which a load that changes between
-# the two (the other lane of make test going from unit tests to Spark runs) falsifies.
+# the two (the other lane of make test going from unit tests to Spark runs) falsifies;
+# make test gives it a CPU group that outweighs the lanes, or runs it after them.
 pytestmark = [pytest.mark.browser, pytest.mark.spark, pytest.mark.single_pass,
               pytest.mark.alone]
 STALE = (StaleElementReferenceException, NoSuchElementException)
