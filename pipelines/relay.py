@@ -70,6 +70,9 @@ def describe(kind: str, e: dict[str, Any]) -> str:
     if kind == RunnerEvent.PLACEMENT_DRIFT:
         return (f"batch {e.get('batch_id')}: groups {e.get('groups')} ran off their placement "
                 f"(ran on {e.get('ran_on')})")
+    if kind == RunnerEvent.QUERY_RESTARTED:
+        return (f"generation {e.get('generation')}'s query started again from its "
+                f"checkpoint (attempt {e.get('attempt')}): {e.get('reason')}")
     if kind == RunnerEvent.FREQUENCY_CHANGED:
         return f"CPU frequency {e.get('ghz')} GHz ({e.get('source')})"
     if kind == RunnerEvent.REPLAN_STARTED:

@@ -62,6 +62,8 @@ class RunnerEvent(enum.StrEnum):
     SESSION_STARTED = "session_started"  # the Spark application is up (app id, UI URL)
     EXECUTORS_READY = "executors_ready"  # the initial executors; the extras released
     QUERY_STARTED = "query_started"  # the streaming query runs (its schedule clock t0)
+    # started again from its checkpoint: its Python worker did not connect back in time
+    QUERY_RESTARTED = "query_restarted"
     STOPPED = "stopped"  # ended on request
     FAILED = "failed"  # ended by an error (reason)
     GROUPS_REASSIGNED = "groups_reassigned"  # groups of a lost executor placed anew

@@ -1,5 +1,6 @@
-"""Faults on real Spark runs, each caused for real: Redis killed for 20 s under a running
-query, a runner SIGTERMed, a benchmark SIGTERMed mid-run, a query whose executors are
+"""Faults on real Spark runs, each caused for real: a run's streaming source worker
+stopped past Spark's 10 s for it to connect back, then Redis killed for 20 s under the
+running query, a runner SIGTERMed, a benchmark SIGTERMed mid-run, a query whose executors are
 frozen (its source blocked) and then its runner SIGKILLed while they are throttled, the
 Celery worker SIGKILLed during a migration, eight Lab comparisons queued beside a
 controlled run. Each run ends with the verifier on what it committed (the benchmark's
@@ -13,6 +14,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,16 +51,89 @@ def _verified(run: RunnerProcess) -> verify.VerifyReport:
     return report
 
 
+# The module PySpark runs in a new interpreter, started by the driver, for a Python
+# data source's streaming reader: Spark gives it 10 s to connect back.
+SOURCE_WORKER = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+class LateSourceWorker:
+    """Stops (SIGSTOP) the first streaming source worker a run's driver starts, before
+    it connects back, for longer than Spark waits for it, then lets it go on: what a
+    new interpreter importing pandas and pyarrow did on a machine kept busy."""
+
+    def __init__(self, hold_s: float = 13.0) -> None:
+        self.hold_s = hold_s
+        self.runner_pid: int | None = None
+        self.stopped_pid: int | None = None
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self, runner_pid: int) -> None:
+        self.runner_pid = runner_pid
+        self._thread.start()
+
+    def _of_this_run(self, pid: int) -> bool:
+        """The worker's parent is the driver JVM, whose parent is this run's runner
+        (other lanes' runs start theirs at the same time)."""
+        for _ in range(3):
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                return False
+            pid = int(status.split("PPid:")[1].split()[0])
+            if pid == self.runner_pid:
+                return True
+        return False
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 180
+        try:
+            while self.stopped_pid is None and time.monotonic() < deadline:
+                for proc in Path("/proc").iterdir():
+                    if not proc.name.isdigit():
+                        continue
+                    try:
+                        cmd = (proc / "cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if SOURCE_WORKER.encode() in cmd and self._of_this_run(int(proc.name)):
+                        os.kill(int(proc.name), signal.SIGSTOP)
+                        self.stopped_pid = int(proc.name)
+                        break
+                else:
+                    time.sleep(0.01)
+            if self.stopped_pid is not None:
+                time.sleep(self.hold_s)
+        finally:
+            if self.stopped_pid is not None:
+                try:
+                    os.kill(self.stopped_pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+            self.done.set()
+
+
 @pytest.mark.dbless
-def test_a_run_keeps_every_batch_through_a_20_s_redis_outage(tmp_path: Path,
-                                                             spark_cluster: Any) -> None:
+def test_a_run_keeps_every_batch_through_a_late_source_worker_and_a_20_s_redis_outage(
+        tmp_path: Path, spark_cluster: Any) -> None:
+    """The run's query ends at its start, its streaming source worker late to connect
+    back; the runner starts it again from its checkpoint (nothing of it had run) and
+    says so. Then Redis is killed for 20 s: the runner holds what it publishes and
+    writes it once Redis is back. Every batch is recorded and the output is exact."""
     redis_server = OwnRedis(tmp_path)
     redis_server.start()
     run = RunnerProcess(tmp_path / "run", spark_cluster.master_url, COUNT, redis_server.url,
                         token="redis-outage")
+    late = LateSourceWorker()
     try:
         with run:
+            assert run.proc is not None
+            late.start(run.proc.pid)
             before = run.wait_batches(4)
+            assert late.done.wait(60) and late.stopped_pid is not None
+            restarted = [e for e in run.events if e["type"] == "query_restarted"]
+            assert len(restarted) == 1 and restarted[0]["generation"] == 0, run.events
+            assert "connect back" in restarted[0]["reason"], restarted[0]
             # The batches' own pace on this machine: what "soon after" is measured in.
             batch_s = statistics.median(b["t"] - a["t"] for a, b in zip(before, before[1:]))
             redis_server.kill()

@@ -211,6 +211,13 @@ class Generation:
     # Its last few batches' durations: whether its trigger leaves idle time between
     # them (``leaves_idle_time``), where a gated state transfer runs.
     recent_batch_s: list[float] = field(default_factory=list)
+    # Batches its current query began (its sink was called), and how often its query
+    # was started again after failing to start its Python workers (runner.py).
+    batches_begun: int = 0
+    restarts: int = 0
+    # What its query was started with (the definition, query.Seed), for a restart.
+    spec: Any = None
+    seed: Any = None
 
     def record_batch(self, seconds: float) -> None:
         self.batch_s = seconds

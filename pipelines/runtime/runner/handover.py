@@ -191,6 +191,8 @@ class ReplanHandover:
                 raise replan.ReplanError("the run is stopping")
             if not new.query.isActive:
                 exc = new.query.exception()
+                if self.runner.restart_if_python_failed_to_start(new, exc):
+                    continue
                 raise replan.ReplanError(f"the new query ended: {exc}")
             if time.time() > deadline:
                 raise replan.ReplanError(f"the new query had not caught up after "

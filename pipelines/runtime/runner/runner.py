@@ -64,6 +64,12 @@ from pipelines.runtime.query.session import (
 # PySpark (and the modules that import it) are imported lazily: the first heartbeat
 # must not wait for seconds of imports on a loaded machine.
 
+# What Spark's ``PythonWorkerFactory`` says when a Python worker it started did not
+# connect back within its 10 s (``Runner.restart_if_python_failed_to_start``).
+PYTHON_START_FAILURES = ("Python worker failed to connect back",
+                         "waiting for the Python worker to connect back")
+QUERY_START_RETRIES = 2
+
 
 
 @dataclass
@@ -181,6 +187,12 @@ class Runner:
         while not self.stop_event.wait(0.5):
             if not self.query.isActive and not self.replanning:
                 exc = self.query.exception()
+                if self.restart_if_python_failed_to_start(self.generation, exc):
+                    self.query, self.sink = self.generation.query, self.generation.sink
+                    self.coord = placement.StateStoreCoordinatorView(
+                        self.spark, str(self.query.runId), self.generation.checkpoint,
+                        self.spec.key_groups)
+                    continue
                 raise RuntimeError(f"streaming query ended: {exc}" if exc else
                                    "streaming query ended without a stop request")
         self._shutdown()
@@ -294,10 +306,41 @@ class Runner:
                                frequency_source=self.frequency_label(),
                                frequencies=list(self.reconfig.actuator.frequencies()))
 
+    def restart_if_python_failed_to_start(self, gen: replan.Generation,
+                                          exc: Any) -> bool:
+        """Start ``gen``'s ended query again from its checkpoint if it ended because a
+        Python worker Spark started for it on this driver did not connect back in time,
+        before any batch of it began; False (nothing done) otherwise.
+
+        Spark gives such a worker (a Python data source's reader, transformWithState's
+        state schema) 10 s to connect back, hard-coded in ``PythonWorkerFactory``: on a
+        machine other work keeps busy, a new interpreter importing pandas and pyarrow
+        took longer, and the query ended at its start (seen with one core kept busy
+        beside the suite's two lanes, at a re-plan's hand-over and at a run's start).
+        No batch of it began, so nothing was forwarded: starting it again is Spark's
+        own recovery (its offset log replays the batch it had planned), and a run
+        should not end over it. At most ``QUERY_START_RETRIES`` times per generation."""
+        text = str(exc or "")
+        if (gen.batches_begun or gen.restarts >= QUERY_START_RETRIES
+                or not any(m in text for m in PYTHON_START_FAILURES)
+                or self.stop_event.is_set()):
+            return False
+        gen.restarts += 1
+        print(f"generation {gen.number}'s query ended before its first batch, its Python "
+              f"worker late to connect back; starting it again ({gen.restarts} of "
+              f"{QUERY_START_RETRIES})", file=sys.stderr, flush=True)
+        self.start_generation(gen, gen.spec, gen.seed)
+        self.bus.publish_event(RunnerEvent.QUERY_RESTARTED, generation=gen.number,
+                               attempt=gen.restarts, query_run_id=str(gen.query.runId),
+                               reason=text.splitlines()[0][:300] if text else "")
+        return True
+
     def start_generation(self, gen: replan.Generation, spec: definition.PipelineSpec,
                           seed: Any = None) -> None:
         """Start ``gen``'s query: its sink forwards what the arbiter lets through."""
         from pipelines.runtime.query.compiler import LatencySink, build_stream
+
+        gen.spec, gen.seed, gen.batches_begun = spec, seed, 0
 
         def claim(batch_id: int) -> int | None:
             if seed is not None and seed.hold is not None and batch_id == 0:
@@ -322,6 +365,7 @@ class Runner:
         sc = self.spark.sparkContext
 
         def begin(batch_id: int) -> bool:
+            gen.batches_begun += 1
             if not self.arbiter.begin(gen, batch_id):
                 return False
             gate = self.transfer_gate
