@@ -271,17 +271,18 @@ class _EarlySpark:
         except BaseException as exc:  # raised again in the fixture that wants them
             self.error = exc
 
-    def take_cluster(self) -> Any:
+    def _started(self) -> None:
         self.thread.join()
         if self.error is not None:
             raise self.error
+
+    def take_cluster(self) -> Any:
+        self._started()
         self.cluster_taken = True
         return self.cluster
 
     def take_pool(self) -> Any:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
+        self._started()
         self.pool_taken = True
         return self.pool
 
