@@ -271,18 +271,17 @@ class _EarlySpark:
         except BaseException as exc:  # raised again in the fixture that wants them
             self.error = exc
 
-    def _started(self) -> None:
+    def take_cluster(self) -> Any:
         self.thread.join()
         if self.error is not None:
             raise self.error
-
-    def take_cluster(self) -> Any:
-        self._started()
         self.cluster_taken = True
         return self.cluster
 
     def take_pool(self) -> Any:
-        self._started()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
         self.pool_taken = True
         return self.pool
 
