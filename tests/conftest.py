@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -241,98 +240,14 @@ class Stack:
     logs: Path
 
 
-class _EarlySpark:
-    """The session's embedded cluster and first standby, started in the background as
-    soon as the session knows its selected tests will want them, while the tests that
-    start no JVM run first: the first Spark test of a lane otherwise waited 40-130 s
-    for them doing nothing (the cluster's and the standby's JVMs, a warm-up batch),
-    in make test beside the closed loop's CPU group."""
-
-    def __init__(self, with_pool: bool) -> None:
-        self.with_pool = with_pool
-        self.cluster: Any = None
-        self.pool: Any = None
-        self.error: BaseException | None = None
-        self.cluster_taken = self.pool_taken = False
-        self.thread = threading.Thread(target=self._start, name="early-spark", daemon=True)
-        self.thread.start()
-
-    def _start(self) -> None:
-        from django.conf import settings
-
-        from pipelines.runtime.cluster import standalone as cluster
-
-        try:
-            wait_for_class_archive()
-            self.cluster = cluster.start(Path(settings.SPARK_DIR))
-            if self.with_pool:
-                self.pool = _standby_pool(self.cluster.master_url,
-                                          Path(settings.VAR_DIR) / "standbys" / str(os.getpid()))
-        except BaseException as exc:  # raised again in the fixture that wants them
-            self.error = exc
-
-    def take_cluster(self) -> Any:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        self.cluster_taken = True
-        return self.cluster
-
-    def take_pool(self) -> Any:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        self.pool_taken = True
-        return self.pool
-
-    def release_untaken(self) -> None:
-        """At the session's end: what no fixture took (the tests that wanted it did not
-        run, e.g. after -x) is stopped here."""
-        from django.conf import settings
-
-        from pipelines.runtime.cluster import standalone as cluster
-
-        self.thread.join()
-        if self.pool is not None and not self.pool_taken:
-            self.pool.close()
-        if self.cluster is not None and not self.cluster_taken:
-            cluster.stop(self.cluster)
-            (Path(settings.SPARK_DIR) / "cluster.json").unlink(missing_ok=True)
-
-
-_early_spark: _EarlySpark | None = None
-
-
-def _wants_standby_pool(item: pytest.Item) -> bool:
-    """The tests ``_harness_runs_adopt_standbys`` gives the pool to."""
-    return bool(item.get_closest_marker("spark") and item.get_closest_marker("dbless"))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    global _early_spark
-    items = session.items
-    if _early_spark is None and any("spark_cluster" in getattr(i, "fixturenames", ())
-                                    or _wants_standby_pool(i) for i in items):
-        _early_spark = _EarlySpark(with_pool=standbys_on() and any(
-            _wants_standby_pool(i) for i in items))
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if _early_spark is not None:
-        _early_spark.release_untaken()
-
-
 @pytest.fixture(scope="session")
 def spark_cluster() -> Iterator[Any]:
     from django.conf import settings
 
     from pipelines.runtime.cluster import standalone as cluster
 
-    if _early_spark is not None:
-        info = _early_spark.take_cluster()
-    else:
-        wait_for_class_archive()
-        info = cluster.start(Path(settings.SPARK_DIR))
+    wait_for_class_archive()
+    info = cluster.start(Path(settings.SPARK_DIR))
     yield info
     cluster.stop(info)
     (Path(settings.SPARK_DIR) / "cluster.json").unlink(missing_ok=True)
@@ -340,17 +255,6 @@ def spark_cluster() -> Iterator[Any]:
 
 # How many harness runs one standby serves before a fresh one takes over.
 STANDBY_RUNS = 8
-
-
-def standbys_on() -> bool:
-    return os.environ.get("STREAMWISE_TEST_STANDBYS", "1") != "0"
-
-
-def _standby_pool(master_url: str, work: Path) -> Any:
-    from pipelines.runtime.runner.harness import StandbyPool
-
-    return StandbyPool(work, master_url, os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
-                       runs_per_standby=STANDBY_RUNS).start()
 
 
 @pytest.fixture(scope="session")
@@ -361,12 +265,14 @@ def standby_pool(spark_cluster: Any, tmp_path_factory: pytest.TempPathFactory
     stops cleanly gives it back for the next test (``STANDBY_RUNS`` runs each: a
     fresh application now and then bounds what a long-lived driver accumulates).
     ``STREAMWISE_TEST_STANDBYS=0`` starts every run cold."""
-    if not standbys_on():
+    from pipelines.runtime.runner.harness import StandbyPool
+
+    if os.environ.get("STREAMWISE_TEST_STANDBYS", "1") == "0":
         yield None
         return
-    pool = _early_spark.take_pool() if _early_spark is not None else None
-    if pool is None:
-        pool = _standby_pool(spark_cluster.master_url, tmp_path_factory.mktemp("standbys"))
+    pool = StandbyPool(tmp_path_factory.mktemp("standbys"), spark_cluster.master_url,
+                       os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                       runs_per_standby=STANDBY_RUNS).start()
     try:
         yield pool
     finally:
