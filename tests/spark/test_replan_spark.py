@@ -69,12 +69,10 @@ def _print_facts(seamless: dict[str, Any], restart: dict[str, Any]) -> None:
 # with 240 for 220 s. With 64 the rarest symbol still gets ~2 quotes/s, so every symbol
 # has a window in progress at the re-plan and windows fire within the first batches.
 # The data-file key distribution is covered by test_multihost (executors that cannot
-# read the file). On a 4 s processing-time trigger: the test waits for the transfer,
-# and back-to-back batches meanwhile cost 279 CPU s against 170 (alone); its transfer
-# then runs between the batches (reseed.TransferGate) where they leave idle time. (With
-# a core kept busy beside the lanes, its new query's source worker once failed to
-# connect back within Spark's 10 s at the hand-over: the runner now starts such a query
-# again, tests/faults/test_spark_faults.py.)
+# read the file). Batches back to back, its transfer ungated: on a 4 s trigger it used
+# 170 CPU s alone against 279, but in the lanes its gated transfer got only the gaps
+# the other lane left, and the suite was no shorter (clean clones 02bbc0f against
+# 63d2291, docs/benchmarks.md).
 HFT_SYMBOLS = 64
 HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
                   "rate": {"kind": "constant", "records_per_s": 300},
@@ -82,7 +80,7 @@ HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
        "operators": [{"type": "filter", "field": "value", "op": "<", "value": 990},
                      {"type": "hft_window", "window": 12, "slide": 4, "degree": 2}],
        "sink": {"type": "latency", "keep_output": True},
-       "key_groups": 4, "trigger_ms": 4000}
+       "key_groups": 4}
 
 
 def test_hft_windows_carry_over_a_migration_and_a_seamless_replan_and_equal_the_reference(
