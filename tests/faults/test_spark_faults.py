@@ -132,7 +132,10 @@ def test_a_run_keeps_every_batch_through_a_late_source_worker_and_a_20_s_redis_o
             before = run.wait_batches(4)
             assert late.done.wait(60) and late.stopped_pid is not None
             restarted = [e for e in run.events if e["type"] == "query_restarted"]
-            assert len(restarted) == 1 and restarted[0]["generation"] == 0, run.events
+            # At least the one caused here; a busy machine may delay the next start's
+            # worker too (ci6 on 2026-12-06 restarted twice), within the retries.
+            assert 1 <= len(restarted) <= 2, run.events
+            assert {e["generation"] for e in restarted} == {0}, run.events
             assert "connect back" in restarted[0]["reason"], restarted[0]
             # The batches' own pace on this machine: what "soon after" is measured in.
             batch_s = statistics.median(b["t"] - a["t"] for a, b in zip(before, before[1:]))
