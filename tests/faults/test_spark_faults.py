@@ -24,7 +24,7 @@ import pytest
 
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.spec import definition
-from pipelines.runtime.host import frequency
+from pipelines.runtime.host import frequency, procs
 from pipelines.runtime.verify import verifier as verify
 from pipelines.runtime.runner.harness import RunnerProcess
 from tests.conftest import ROOT, wait_for
@@ -72,33 +72,15 @@ class LateSourceWorker:
         self.runner_pid = runner_pid
         self._thread.start()
 
-    def _of_this_run(self, pid: int) -> bool:
-        """The worker's parent is the driver JVM, whose parent is this run's runner
-        (other lanes' runs start theirs at the same time)."""
-        for _ in range(3):
-            try:
-                status = Path(f"/proc/{pid}/status").read_text()
-            except OSError:
-                return False
-            pid = int(status.split("PPid:")[1].split()[0])
-            if pid == self.runner_pid:
-                return True
-        return False
-
     def _watch(self) -> None:
         deadline = time.monotonic() + 180
         try:
             while self.stopped_pid is None and time.monotonic() < deadline:
-                for proc in Path("/proc").iterdir():
-                    if not proc.name.isdigit():
-                        continue
-                    try:
-                        cmd = (proc / "cmdline").read_bytes()
-                    except OSError:
-                        continue
-                    if SOURCE_WORKER.encode() in cmd and self._of_this_run(int(proc.name)):
-                        os.kill(int(proc.name), signal.SIGSTOP)
-                        self.stopped_pid = int(proc.name)
+                # Under this run's runner: other lanes' runs start theirs at the same time.
+                for pid in procs.tree_pids([self.runner_pid]):
+                    if SOURCE_WORKER in procs.cmdline(pid):
+                        os.kill(pid, signal.SIGSTOP)
+                        self.stopped_pid = pid
                         break
                 else:
                     time.sleep(0.01)
