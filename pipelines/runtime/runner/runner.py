@@ -188,10 +188,6 @@ class Runner:
             if not self.query.isActive and not self.replanning:
                 exc = self.query.exception()
                 if self.restart_if_python_failed_to_start(self.generation, exc):
-                    self.query, self.sink = self.generation.query, self.generation.sink
-                    self.coord = placement.StateStoreCoordinatorView(
-                        self.spark, str(self.query.runId), self.generation.checkpoint,
-                        self.spec.key_groups)
                     continue
                 raise RuntimeError(f"streaming query ended: {exc}" if exc else
                                    "streaming query ended without a stop request")
@@ -330,6 +326,10 @@ class Runner:
               f"worker late to connect back; starting it again ({gen.restarts} of "
               f"{QUERY_START_RETRIES})", file=sys.stderr, flush=True)
         self.start_generation(gen, gen.spec, gen.seed)
+        if gen is self.generation:  # the run's query: what acts on it follows the new one
+            self.query, self.sink = gen.query, gen.sink
+            self.coord = placement.StateStoreCoordinatorView(
+                self.spark, str(gen.query.runId), gen.checkpoint, gen.spec.key_groups)
         self.bus.publish_event(RunnerEvent.QUERY_RESTARTED, generation=gen.number,
                                attempt=gen.restarts, query_run_id=str(gen.query.runId),
                                reason=text.splitlines()[0][:300] if text else "")
