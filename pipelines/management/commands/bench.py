@@ -44,6 +44,9 @@ CATALOGUE: tuple[Benchmark, ...] = (
     Benchmark("jvm-start", "a new Spark application's first Python task with the class "
               "archive and the preloaded Python daemon vs neither (CPU and seconds)",
               ("-m", "pipelines.runtime.bench", "jvm-start"), ("--reps", "1")),
+    Benchmark("checkpoint-files", "a micro-batch's CPU with checkpoint files written "
+              "through Hadoop's FileSystem API vs Spark's FileContext default",
+              ("-m", "pipelines.runtime.bench", "checkpoint-files"), ("--reps", "1")),
     Benchmark("sink", "the latency sink's rows, throughput and p95 vs Spark's own progress",
               ("-m", "pipelines.runtime.bench.sink")),
     Benchmark("mpc", "MPC solve times: DP vs Branch & Bound vs the thesis' Table 7.1",

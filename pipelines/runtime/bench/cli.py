@@ -55,7 +55,8 @@ def _check_common(args: argparse.Namespace) -> None:
 
 
 def _registry() -> dict[str, Benchmark]:
-    from pipelines.runtime.bench import closedloop, engine, jvmstart, plan, replan
+    from pipelines.runtime.bench import (checkpointfiles, closedloop, engine, jvmstart, plan,
+                                         replan)
 
     return {b.name: b for b in (
         Benchmark("migration", "state migration per schedule vs Spark's own placement",
@@ -73,6 +74,9 @@ def _registry() -> dict[str, Benchmark]:
         Benchmark("jvm-start", "a new application's first Python task: class archive and "
                   "preloaded Python daemon vs neither", jvmstart.arguments, jvmstart.check,
                   jvmstart.run),
+        Benchmark("checkpoint-files", "a micro-batch's CPU with checkpoint files written "
+                  "through Hadoop's FileSystem API vs Spark's FileContext default",
+                  checkpointfiles.arguments, checkpointfiles.check, checkpointfiles.run),
     )}
 
 
