@@ -166,3 +166,29 @@ def test_a_batchs_metrics_record_is_the_typed_contract_the_control_plane_reads(t
     assert metrics.progress_facts(1010.0) == {"last_batch_at": 1010.0, "input_waiting": True,
                                               "expected_batch_s": 0.4}
     assert metrics.progress_facts(1000.01)["input_waiting"] is False
+
+
+def test_checkpoint_files_go_through_the_filesystem_api_unless_set_and_a_bad_name_is_refused(
+        monkeypatch) -> None:
+    """``$STREAMWISE_CHECKPOINT_FILES`` names the checkpoint file manager every session
+    uses (session.py: FileContext's rename forks `readlink` per file here); both classes
+    are in the PySpark this installation pins."""
+    import zipfile
+    from pathlib import Path
+
+    import pyspark
+
+    from pipelines.runtime.query import session
+
+    monkeypatch.delenv(session.CHECKPOINT_FILES_ENV, raising=False)
+    assert session.checkpoint_file_manager() == session.CHECKPOINT_FILE_MANAGERS["filesystem"]
+    monkeypatch.setenv(session.CHECKPOINT_FILES_ENV, "filecontext")
+    assert session.checkpoint_file_manager().endswith(".FileContextBasedCheckpointFileManager")
+    monkeypatch.setenv(session.CHECKPOINT_FILES_ENV, "hdfs")
+    with pytest.raises(ValueError, match="STREAMWISE_CHECKPOINT_FILES must be one of "
+                                         "filesystem, filecontext, not 'hdfs'"):
+        session.checkpoint_file_manager()
+    [jar] = (Path(pyspark.__file__).parent / "jars").glob("spark-sql_*.jar")
+    classes = set(zipfile.ZipFile(jar).namelist())
+    for name in session.CHECKPOINT_FILE_MANAGERS.values():
+        assert name.replace(".", "/") + ".class" in classes, name
