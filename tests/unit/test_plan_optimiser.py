@@ -173,3 +173,31 @@ def test_cola_reaches_the_best_chain_partition_of_the_measured_graph(
     assert cola.max_rate > none.max_rate
     for a, b in exlocate:
         assert all(not (a in pe and b in pe) for pe in cola.pes)
+
+
+def test_a_profile_line_far_above_the_operators_median_is_left_out_of_its_steady_cost(
+        tmp_path: Path) -> None:
+    """One call of 84 ms among calls of ~3 ms (a full garbage collection, a first call
+    in a new worker) is no cost of the operator's rows: COLA plans on the others'."""
+    cpu = {s: 1e-6 for s in pyops.HFT_STEPS}
+    _write_profile(tmp_path, per_task=1e-3, per_byte=15e-9, cpu=cpu)
+    spiked = tmp_path / "format.spike.jsonl"
+    [written] = tmp_path.glob("format.*.jsonl")
+    line = json.loads(written.read_text().splitlines()[0])
+    before = line["ops"]["format"]["cpu_s"]
+    line["ops"]["format"]["cpu_s"] = 26 * before  # 26 µs a row against 1
+    line["cpu_s"] += 25 * before
+    spiked.write_text(json.dumps(line) + "\n")
+    prof = planopt.read_profile(tmp_path)
+    fmt = prof.operators["format"]
+    steady = [(c, r) for c, r in fmt.lines if c / r < 2e-6]
+    assert len(steady) == len(fmt.lines) - 1
+    assert fmt.steady_cpu_s == pytest.approx(
+        sum(c for c, _ in steady) / sum(r for _, r in steady) * fmt.rows_in)
+    assert fmt.steady_cpu_s == pytest.approx(1e-6 * fmt.rows_in)
+    assert fmt.cpu_s > 1.2 * fmt.steady_cpu_s  # the sum holds the spike
+    # An operator without spikes: its steady cost is its whole cost.
+    assert prof.operators["fit"].steady_cpu_s == pytest.approx(prof.operators["fit"].cpu_s)
+    # Fewer than three lines: all of them, whatever they hold.
+    few = planopt.OperatorProfile("x", cpu_s=3.0, rows_in=2, lines=[(1.0, 1), (2.0, 1)])
+    assert few.steady_cpu_s == 3.0

@@ -163,7 +163,7 @@ def profile_pipeline(master: str, work: Path, redis_url: str, name: str,
                                 until=until)
     measured = planopt.measured_graph(spec.graph, prof, records)
     result["alone_check"] = {
-        s.node_id: {"profiled_us_per_row": prof.operators[s.node_id].cpu_s
+        s.node_id: {"profiled_us_per_row": prof.operators[s.node_id].steady_cpu_s
                     / max(1, prof.operators[s.node_id].rows_in) * 1e6,
                     "alone_us_per_row": alone[s.node_id] * 1e6} for s in steps}
     for check in result["alone_check"].values():
