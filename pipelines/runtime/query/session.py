@@ -49,7 +49,7 @@ STATE_STORE_PROVIDERS = {
 # ~15 per micro-batch of a keyed count on 4 key groups. Through the FileSystem API
 # (``filesystem``, ours) only the `chmod`s are left. Measured on 2 cores, one 1-core
 # executor, batches back to back, the two alternated (``bench checkpoint-files``): a
-# keyed count's batch 0.83 -> 0.62 CPU s, NEXMark Q5's 1.67 -> 1.12, the kernel's time
+# keyed count's batch 0.99 -> 0.69 CPU s, NEXMark Q5's 1.60 -> 1.01, the kernel's time
 # about halved (docs/benchmarks.md). What it gives up is the rename's own refusal of an
 # existing target: Spark checks, then renames (``FileSystemBasedCheckpointFileManager``),
 # which differs only while two queries write one checkpoint at once; a run's checkpoints
