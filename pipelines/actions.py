@@ -38,7 +38,7 @@ SAMPLE_FIELDS = ("batch_id", "input_rows", "records", "input_rate", "scheduled_r
                  "output_rate", "batch_duration_ms", "latency_p50_ms", "latency_p95_ms",
                  "latency_p99_ms", "latency_max_ms", "workers", "frequency_ghz", "power_w",
                  "state_rows", "frequency_source", "drift", "group_moves", "failed_tasks",
-                 "groups", "migration")
+                 "dead_letters", "groups", "migration")
 # Per-group arrays of a runner record, kept together as a sample's ``groups``.
 # A queued or running exactly-once check that has not reported for this long is taken
 # for dead (its worker died; the task's own limit is an hour) and may be asked again.

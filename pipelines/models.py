@@ -302,6 +302,8 @@ class MetricSample(models.Model):
     group_moves = models.IntegerField(null=True,
                                       help_text="groups on another executor than last batch")
     failed_tasks = models.IntegerField(null=True)
+    dead_letters = models.BigIntegerField(
+        null=True, help_text="a broker source's entries that did not convert, so far")
     groups = models.JSONField(null=True, blank=True,
                               help_text="per key group: placement, ran_on, bytes, ms")
     migration = models.JSONField(null=True, blank=True, help_text="migration in progress")

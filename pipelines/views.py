@@ -106,6 +106,7 @@ def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "replan_form": ReplanForm(initial={"key_groups": run.key_groups or 8}),
         "replan_refusal": replan_refusal(run),
         "has_python_operators": plans.has_python_operators(run),
+        **_source_facts(run),
         "frequency_form": FrequencyForm(choices=run.frequencies, initial={
             "ghz": run.frequency_ghz or (max(run.frequencies) if run.frequencies else None)})})
 
@@ -212,6 +213,18 @@ def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
 
     return _reconfigure(request, run, FrequencyForm(request.POST, choices=run.frequencies),
                         "its frequency can change", act)
+
+
+def _source_facts(run: Run) -> dict[str, Any]:
+    """The run's source type, and a broker source's dead-letter stream."""
+    source = (run.pipeline_version.definition or {}).get("source") or {}
+    kind = source.get("type", "generator") if isinstance(source, dict) else "generator"
+    facts: dict[str, Any] = {"source_type": kind}
+    if kind == "redis_stream":
+        from pipelines.runtime.connectors import redis_stream as rs
+
+        facts["dead_letter_stream"] = f"{source.get('stream', '')}{rs.DEAD_LETTER_SUFFIX}"
+    return facts
 
 
 def replan_refusal(run: Run) -> str | None:

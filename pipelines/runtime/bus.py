@@ -158,7 +158,7 @@ class MetricsRecord(TypedDict):
     output_rows: int
     input_rate: float
     processed_rate: float
-    scheduled_rate: float  # the source's schedule at t (modelled arrivals)
+    scheduled_rate: float | None  # the source's schedule at t (modelled arrivals; None: a broker)
     output_rate: float | None
     batch_duration_ms: int
     latency_p50_ms: float | None
@@ -192,6 +192,7 @@ class MetricsRecord(TypedDict):
     operator_bytes: NotRequired[list[dict[str, Any]]]
     group_bytes: NotRequired[list[int]]
     failed_tasks: NotRequired[int]
+    dead_letters: NotRequired[int | None]  # a broker's entries that did not convert, so far
     migration: NotRequired[MigrationProgress | None]
     monitor_error: NotRequired[str]
     # Added by the bus on publish:

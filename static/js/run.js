@@ -153,6 +153,11 @@
       if (s.frequency_source) setFrequencyLabel(s.frequency_source, s.frequency_ghz);
       if (s.groups) renderPlacement(s);
       renderMigration(s.migration);
+      const dead = document.getElementById("dead-letter-count");
+      if (dead && s.dead_letters !== null && s.dead_letters !== undefined) {
+        dead.textContent = Number(s.dead_letters).toLocaleString();
+        probe.deadLetters = s.dead_letters;
+      }
     }
     scheduleRedraw();
   }

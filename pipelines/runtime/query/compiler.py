@@ -37,7 +37,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from pipelines.runtime.spec import definition
-from pipelines.runtime.query.source import GeneratorDataSource, observe_latency, read_stream
+from pipelines.runtime.query.source import data_source_for, observe_latency, read_stream
 
 _COMPARE: dict[str, Callable[[Column, float], Column]] = {
     "<": lambda c, v: c < v, "<=": lambda c, v: c <= v, ">": lambda c, v: c > v,
@@ -71,7 +71,7 @@ def build_stream(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
             return build_dataflow(spark, spec, t0, plan_dir)
         return build_dataflow(spark, spec, t0, plan_dir, seed.start, seed.first_ends,
                               seed.gate)
-    df = read_stream(spark, GeneratorDataSource, spec, t0, plan_dir,
+    df = read_stream(spark, data_source_for(spec.source_type), spec, t0, plan_dir,
                      start=seed.start if seed else 0, hold=seed.hold if seed else None,
                      gate=seed.gate if seed else None)
     # (an HFT seed has no hold: transformWithState loads its initial state in the first
@@ -175,6 +175,9 @@ class LatencySink:
     the next batch until it returns, which is where the elastic runtime applies
     placement steps and decommissions.
 
+    ``writer(table, epoch)`` (a pipeline's sink other than the latency sink) gets the
+    batch's rows as a pyarrow table once the batch is claimed.
+
     With ``output_dir`` the batch's rows are kept as one Parquet file per batch id,
     written atomically and overwritten by a retried batch (idempotent, so exactly-once
     holds for the verifier); otherwise they are only counted. Either way one Spark job
@@ -193,8 +196,10 @@ class LatencySink:
                  between_batches: Callable[[int], None] | None = None,
                  claim: Callable[[int], int | None] | None = None,
                  generation: int = 0,
-                 begin: Callable[[int], bool | None] | None = None) -> None:
+                 begin: Callable[[int], bool | None] | None = None,
+                 writer: Callable[[Any, int], Any] | None = None) -> None:
         self.on_commit = on_commit
+        self.writer = writer
         self.output_dir = Path(output_dir) if output_dir else None
         self.between_batches = between_batches
         self.claim = claim
@@ -210,13 +215,19 @@ class LatencySink:
                 # for this batch is not needed)
             # Computed first, claimed then: with two generations on the same range the
             # first to finish forwards it (replan.Arbiter).
-            if self.output_dir is None:
+            if self.output_dir is None and self.writer is None:
                 rows = self._discard(batch_df)
                 epoch = self.claim(batch_id) if self.claim is not None else batch_id
             else:
                 table = batch_df.toArrow()
                 epoch = self.claim(batch_id) if self.claim is not None else batch_id
-                rows = self._keep(table, epoch) if epoch is not None else table.num_rows
+                rows = table.num_rows
+                if epoch is not None and self.output_dir is not None:
+                    self._keep(table, epoch)
+                if epoch is not None and self.writer is not None:
+                    # The batch's rows into the pipeline's own sink (a PostgreSQL table:
+                    # once per epoch, connectors/postgres_sink.py), before the commit.
+                    self.writer(table, epoch)
             committed = time.time()
             if self.between_batches is not None and epoch is not None:
                 self.between_batches(batch_id)

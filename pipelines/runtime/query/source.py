@@ -135,8 +135,13 @@ class GeneratorStreamReader(DataSourceStreamReader):
             end = max(begin, available)
         else:
             cap = limit.max_rows if isinstance(limit, ReadMaxRows) else self.max_rows
-            end = max(begin, min(available, begin + int(cap)))
+            end = max(begin, self._capped_end(begin, available, int(cap)))
         return {"offset": self._agree(begin, end) if self.plan_dir else end}
+
+    def _capped_end(self, begin: int, available: int, most: int) -> int:
+        """The end of a batch from ``begin`` of at most ``most`` records (offsets here
+        are record indices; a broker's offsets are not dense: ``redis_source``)."""
+        return min(available, begin + most)
 
     def _agree(self, begin: int, end: int) -> int:
         """The end every reader of this query uses for the batch starting at ``begin``.
@@ -231,11 +236,35 @@ class GeneratorDataSource(DataSource):
     def name(cls) -> str:
         return cls.source_name
 
+    @classmethod
+    def schema_of(cls, spec: definition.PipelineSpec) -> StructType:
+        """The rows' schema for this definition (a broker's source declares its fields)."""
+        return cls.source_schema
+
     def schema(self) -> StructType:
-        return self.source_schema
+        return self.schema_of(definition.parse(self.options["spec"]))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return self.reader(self.options)
+
+
+# Every source a definition may name: its ``source.type`` -> the Python data source
+# class that reads it (module:class, imported when a query is built: a Redis client or
+# a NEXMark model loads only where it is used). A Kafka source would be one more line
+# and one module like ``redis_source``.
+DATA_SOURCES: dict[str, str] = {
+    "generator": "pipelines.runtime.query.source:GeneratorDataSource",
+    "nexmark": "pipelines.runtime.query.nexmark_source:NexmarkDataSource",
+    "redis_stream": "pipelines.runtime.query.redis_source:RedisStreamDataSource",
+}
+
+
+def data_source_for(source_type: str) -> type[GeneratorDataSource]:
+    """The data source class of a definition's ``source.type`` (``DATA_SOURCES``)."""
+    import importlib
+
+    module, _, name = DATA_SOURCES[source_type].partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def source_options(spec: definition.PipelineSpec, t0: float,
@@ -308,7 +337,7 @@ def read_stream(spark: SparkSession, data_source: type[GeneratorDataSource],
     trip on the driver at query start."""
     spark.dataSource.register(data_source)
     return (spark.readStream.format(data_source.source_name)
-            .schema(data_source.source_schema)
+            .schema(data_source.schema_of(spec))
             .options(**source_options(spec, t0, plan_dir, start, hold, first_ends, gate))
             .load())
 

@@ -544,6 +544,11 @@ def write_snapshot(spark: Any, checkpoint: Path, batch: int, key: str, agg: str,
     state = _read_state(spark, checkpoint, batch)
     fields = state.schema["value"].dataType.fields
     names = ("w", "s", "m") if len(fields) == 3 else STATE_BUFFERS[agg]
+    if len(fields) == 2 and [f.dataType.typeName() for f in fields].count("long") == 1:
+        # The two buffers' order follows the plan, not the aggregation: a sum's state
+        # held (s, w) where a mean's held (w, s) (the output's column order differs).
+        # The record count is the one long buffer.
+        names = tuple("w" if f.dataType.typeName() == "long" else names[1] for f in fields)
     if len(names) != len(fields):
         raise ReplanError(f"the state of {checkpoint} has {len(fields)} value columns; a "
                           f"{agg} aggregate keeps {len(names)}")

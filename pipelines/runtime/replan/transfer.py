@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipelines.runtime import connectors
 from pipelines.runtime.spec import definition
 from pipelines.runtime.host import procs
 from pipelines.runtime.replan import gloss as replan
@@ -97,7 +98,8 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     level = threading.Event()
     handover_after: list[int] = []  # the batch after whose commit the run takes over
     lags: list[int] = []  # records behind the schedule after each batch
-    schedule, t0 = spec.schedule(), float(job["t0"])
+    t0 = float(job["t0"])
+    schedule = connectors.offset_clock(spec, t0)
 
     def on_batch(batch_df: Any, batch_id: int) -> None:
         # The updates are the old generation's to emit: run (the state must advance),

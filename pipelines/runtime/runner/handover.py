@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipelines.runtime import connectors
 from pipelines.runtime.elastic import migration as elastic
 from pipelines.runtime.elastic import placement
 from pipelines.runtime.bus import RunnerEvent
@@ -95,7 +96,7 @@ class ReplanHandover:
         t_switch = facts["switched_at"]
         # Measure the span the way Gloss §9.1 does, SETTLE_S past the switch.
         self.runner.stop_event.wait(max(0.0, t_switch + replan.SETTLE_S - time.time()))
-        schedule = self.runner.spec.schedule()
+        schedule = connectors.offset_clock(self.runner.spec, self.runner.t0)
         measured = replan.gloss_metrics(list(self.runner.metrics.history), t_request,
                                         t_switch + replan.SETTLE_S,
                                         lambda t: schedule.records_by(t - self.runner.t0),

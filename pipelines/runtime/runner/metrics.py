@@ -20,6 +20,7 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from pipelines.runtime import connectors
 from pipelines.runtime.elastic import migration as elastic
 from pipelines.runtime.elastic import placement
 from pipelines.runtime.host import power
@@ -61,7 +62,10 @@ class BatchMetrics:
     def __init__(self, spec: PipelineSpec, bus: RunnerBus, checkpoint: Path,
                  routing: elastic.RoutingTable, clock: BatchClock) -> None:
         self.spec = spec
-        self.schedule = spec.schedule()
+        # The input's reach in offsets: a generator's schedule, a broker's newest entry.
+        self.schedule = connectors.offset_clock(spec, lambda: clock.t0)
+        # A broker's entries that did not convert, so far (None: the generator's never fail).
+        self.dead_letters = connectors.dead_letter_counter(spec)
         self.bus = bus
         self.checkpoint = checkpoint
         self.routing = routing
@@ -235,6 +239,7 @@ class BatchMetrics:
             "group_bytes": self.group_bytes,
             "operator_bytes": operator_bytes,
             "failed_tasks": tasks.failed_tasks,
+            "dead_letters": self.dead_letters() if self.dead_letters else None,
             # Where each executor that ran a group lives: the placement card names it.
             "executor_hosts": {t.executor: t.host for t in tasks.tasks.values() if t.host},
             "migration": self._migration_now(),

@@ -40,6 +40,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from pipelines.runtime import bus as busmod
@@ -381,7 +382,7 @@ class Runner:
                                else None,
                                between_batches=between_batches, claim=claim,
                                generation=gen.number,
-                               begin=begin)
+                               begin=begin, writer=self._sink_writer(spec))
         built = time.perf_counter()
         stream = build_stream(self.spark, spec, self.t0, self.run_dir / "source-plan", seed)
         print(f"stream of generation {gen.number} built in "
@@ -396,6 +397,29 @@ class Runner:
         self.metrics.generation_of[str(gen.query.runId)] = gen.number
 
     # ------------------------------------------------------------------ re-plan
+    def _sink_writer(self, spec: definition.PipelineSpec) -> Callable[[Any, int], Any] | None:
+        """The pipeline's own sink, if it has one besides the latency sink: a PostgreSQL
+        table written once per output batch, on one connection the generations share
+        (opened again after a failed write)."""
+        if spec.sink.get("type") != "postgres":
+            return None
+        from pipelines.runtime.connectors.postgres_sink import PostgresSink
+
+        sink = PostgresSink.for_run(
+            spec.sink, self.t0, key_columns=("key",) if spec.output_mode == "update" else ())
+        held: list[Any] = []
+
+        def write(table: Any, epoch: int) -> bool:
+            if not held or held[0].closed:
+                held[:] = [sink.connect()]
+            try:
+                return sink.write(held[0], table, epoch)
+            except Exception:
+                held[0].close()  # the next try opens a new one; Spark retries the batch
+                raise
+
+        return write
+
     def replan(self, args: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
         """A live re-plan (``handover.ReplanHandover``)."""
         return self.handover.replan(args)

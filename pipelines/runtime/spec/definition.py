@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,14 @@ FILTER_OPS = ("<", "<=", ">", ">=", "==", "!=")
 MAP_FNS = ("scale", "add", "abs", "square", "round")
 AGGREGATES = ("count", "sum", "max", "mean")
 STATEFUL_TYPES = ("keyed_aggregate", "hft_window")
+# A chain's sources: records from the deterministic generator, or a Redis stream's
+# entries (``connectors/redis_stream.py``).
+CHAIN_SOURCES = ("generator", "redis_stream")
+# A chain's sinks: the latency sink (rows counted, or kept as Parquet for the verifier),
+# or a PostgreSQL table written once per batch (``connectors/postgres_sink.py``).
+CHAIN_SINKS = ("latency", "postgres")
+POSTGRES_TABLE = re.compile(r"^(?:[a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
+REDIS_FIELD_TYPES = ("long", "double", "string")
 STATE_STORES = ("rocksdb", "hdfs")
 FIELDS = ("key", "value")
 MAX_RATE = 50_000_000.0
@@ -115,7 +124,7 @@ class PipelineSpec:
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
     # A dataflow pipeline (``dataflow.py``): its DAG; ``operators`` is then empty.
     graph: dataflow.Graph | None = field(default=None, compare=False)
-    source_type: str = "generator"  # or "nexmark"
+    source_type: str = "generator"  # or "nexmark", "redis_stream"
     nexmark: dict[str, Any] = field(default_factory=dict)  # NexmarkConfig overrides
     watermark_s: int = 0
     reference: str | None = None  # e.g. "nexmark:Q3": what the verifier compares with
@@ -521,9 +530,19 @@ def _validate(doc: Any) -> PipelineSpec:
     if "source" not in doc:
         raise DefinitionError("source", "is required")
     src = _obj(doc["source"], "source")
-    _allowed(src, "source", {"type", "seed", "partitions", "rate", "keys"})
-    _choice(src, "type", "source", ("generator",), default="generator")
-    source = _source_fields(src, "source")
+    source_type = _choice(src, "type", "source", CHAIN_SOURCES, default="generator")
+    if source_type == "redis_stream":
+        _allowed(src, "source", {"type", "url", "stream", "fields", "partitions", "rate",
+                                 "keys"})
+        broker = _validate_redis_stream(src, "source")
+        # The rate and key space a stream is expected to carry (modelled: what a run
+        # plans with before it has measured the stream), as a generator's.
+        source = _source_fields({"rate": {"kind": "constant", "records_per_s": 1000},
+                                 **src, "type": "generator"}, "source")
+    else:
+        _allowed(src, "source", {"type", "seed", "partitions", "rate", "keys"})
+        broker = {}
+        source = _source_fields(src, "source")
 
     ops_doc = doc.get("operators")
     if not isinstance(ops_doc, list) or not ops_doc:
@@ -539,22 +558,100 @@ def _validate(doc: Any) -> PipelineSpec:
                               "the sink")
 
     sink = _obj(doc.get("sink", {"type": "latency"}), "sink")
-    _allowed(sink, "sink", {"type", "keep_output"})
-    _choice(sink, "type", "sink", ("latency",), default="latency")
+    sink_type = _choice(sink, "type", "sink", CHAIN_SINKS, default="latency")
+    _allowed(sink, "sink", {"type", "keep_output"} | ({"url", "table"}
+                                                     if sink_type == "postgres" else set()))
     keep_output = sink.get("keep_output", True)
     if not isinstance(keep_output, bool):
         raise DefinitionError("sink.keep_output", "must be true or false")
+    sink_doc: dict[str, Any] = {"type": sink_type, "keep_output": keep_output}
+    if sink_type == "postgres":
+        sink_doc.update(_validate_postgres_sink(sink, "sink"))
     options = _run_options(doc)
+    if source_type == "redis_stream" and ops[stateful[0]].type != "keyed_aggregate":
+        raise DefinitionError(f"operators[{stateful[0]}]", "a redis_stream source feeds a "
+                              "keyed_aggregate so far (its verifier and re-plan read the "
+                              "stream again); hft_window reads the generator")
     if ops[stateful[0]].type == "hft_window" and options["state_store"] != "rocksdb":
         raise DefinitionError("state_store", "hft_window (transformWithStateInPandas) needs "
                               "the rocksdb state store")
 
-    clean = {"source": {"type": "generator", **source},
-             "operators": ops_doc, "sink": {"type": "latency", "keep_output": keep_output},
-             **options}
-    return PipelineSpec(**source, operators=ops,
-                        sink={"type": "latency", "keep_output": keep_output}, **options,
-                        keep_output=keep_output, raw=clean)
+    # (a stream has no seed: its records are the broker's)
+    kept = {k: v for k, v in source.items() if not (broker and k == "seed")}
+    clean = {"source": {"type": source_type, **kept, **broker},
+             "operators": ops_doc, "sink": sink_doc, **options}
+    return PipelineSpec(**source, operators=ops, sink=sink_doc, **options,
+                        keep_output=keep_output, raw=clean, source_type=source_type)
+
+
+def _validate_postgres_sink(sink: dict[str, Any], path: str) -> dict[str, Any]:
+    """A ``postgres`` sink: the database (a URL without a password) and the table,
+    ``[schema.]name`` in PostgreSQL's plain identifiers."""
+    from urllib.parse import parse_qs, urlsplit
+
+    url = sink.get("url")
+    if not isinstance(url, str) or not url:
+        raise DefinitionError(f"{path}.url", "is required (e.g. "
+                              "postgres://streamwise@127.0.0.1:5432/streamwise)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise DefinitionError(f"{path}.url", f"is not a URL: {exc}") from None
+    if parts.scheme not in ("postgres", "postgresql") or len(url) > 500:
+        raise DefinitionError(f"{path}.url", "must be a postgres:// URL of at most 500 "
+                              "characters")
+    if parts.password or "password" in parse_qs(parts.query):
+        raise DefinitionError(f"{path}.url", "holds a password: credentials never live in "
+                              "a definition")
+    table = sink.get("table")
+    if not isinstance(table, str) or not POSTGRES_TABLE.match(table):
+        raise DefinitionError(f"{path}.table", "must be a table name, [schema.]name in "
+                              "lower-case letters, digits and _ (at most 63 each)")
+    if table.split(".")[-1] == "streamwise_sink_batches":
+        raise DefinitionError(f"{path}.table", "is the sinks' ledger table")
+    return {"url": url, "table": table}
+
+
+def _validate_redis_stream(src: dict[str, Any], path: str) -> dict[str, Any]:
+    """A ``redis_stream`` source's own fields: the server (a URL without credentials:
+    a password belongs in a connection, never in a definition), the stream, and the
+    entry fields the records take with their types. A chain's operators read ``key``
+    (long) and ``value`` (double)."""
+    from urllib.parse import urlsplit
+
+    url = src.get("url")
+    if not isinstance(url, str) or not url:
+        raise DefinitionError(f"{path}.url", "is required (e.g. redis://127.0.0.1:6379/0)")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError as exc:
+        raise DefinitionError(f"{path}.url", f"is not a URL: {exc}") from None
+    if parts.scheme not in ("redis", "rediss", "unix") or len(url) > 500:
+        raise DefinitionError(f"{path}.url", "must be a redis://, rediss:// or unix:// URL "
+                              "of at most 500 characters")
+    if parts.password or "password=" in parts.query:
+        raise DefinitionError(f"{path}.url", "holds a password: credentials never live in "
+                              "a definition")
+    stream = src.get("stream")
+    if not isinstance(stream, str) or not 0 < len(stream) <= 256:
+        raise DefinitionError(f"{path}.stream", "must be a stream name of 1-256 characters")
+    fields = _obj(src.get("fields", {"key": "long", "value": "double"}), f"{path}.fields")
+    if not fields or len(fields) > 64:
+        raise DefinitionError(f"{path}.fields", "must name 1-64 entry fields")
+    for name, kind in fields.items():
+        if not name.isidentifier() or name in ("seq", "emit_ts") or len(name) > 64:
+            raise DefinitionError(f"{path}.fields.{name}", "must be an identifier of at most "
+                                  "64 characters other than seq and emit_ts")
+        if kind not in REDIS_FIELD_TYPES:
+            raise DefinitionError(f"{path}.fields.{name}", f"{json.dumps(kind)} is not one "
+                                  f"of: {', '.join(REDIS_FIELD_TYPES)}")
+    for name, kind in (("key", "long"), ("value", "double")):
+        if fields.get(name) != kind:
+            raise DefinitionError(f"{path}.fields", f"needs {name!r}: {json.dumps(kind)} "
+                                  "(what the operators read)")
+    return {"url": url, "stream": stream, "fields": dict(fields)}
 
 
 def picture(spec: PipelineSpec) -> dataflow.Picture:

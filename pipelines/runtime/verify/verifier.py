@@ -59,6 +59,7 @@ class VerifyReport:
     unexpected: int = 0
     wrong: int = 0
     compared_rows: int = 0  # result rows checked against a reference (dataflow)
+    sink_rows: int | None = None  # rows in the pipeline's own sink (a PostgreSQL table)
     missing_batches: list[int] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -459,7 +460,45 @@ def _verify_running_means(events: list[dict[str, Any]], watermark: int,
 
 def _records(spec: definition.PipelineSpec, t0: float, start: int, end: int,
              schedule: workload.RateSchedule, keys: workload.KeyDistribution) -> pd.DataFrame:
+    """The records of offsets ``[start, end)`` after the stateless steps: generated again,
+    or read again from the broker (the entries the batch read; dead letters left out
+    as the source leaves them out)."""
+    if spec.source_type == "redis_stream":
+        from pipelines.runtime.connectors import redis_stream as rs
+
+        source = rs.StreamSource.from_params(spec.raw["source"])
+        cols = rs.as_arrays(rs.read_range(source, start, end), source.fields)
+        recs = workload.Records(seq=cols["seq"], key=cols["key"], value=cols["value"],
+                                emit_ts=cols["emit_ts"])
+        return apply_stateless(spec, recs)
     return apply_stateless(spec, workload.generate(spec.seed, start, end, schedule, keys, t0))
+
+
+class _KeyTable:
+    """Dense indices for the keys met so far: a generator's keys are 0..n-1 already; a
+    broker's are any longs."""
+
+    def __init__(self, n: int | None) -> None:
+        self.dense = n is not None
+        self.size = n or 0
+        self.index = pd.Index(np.empty(0, dtype=np.int64))
+
+    def ids(self, keys: np.ndarray) -> np.ndarray:
+        if self.dense:
+            return keys
+        pos = self.index.get_indexer(keys)
+        if (pos < 0).any():
+            new = np.unique(keys[pos < 0])
+            self.index = pd.Index(np.concatenate([self.index.to_numpy(np.int64), new]))
+            self.size = len(self.index)
+            pos = self.index.get_indexer(keys)
+        return pos
+
+
+def _grown(a: np.ndarray, size: int, fill: float) -> np.ndarray:
+    if len(a) >= size:
+        return a
+    return np.concatenate([a, np.full(max(size, 2 * len(a)) - len(a), fill, dtype=a.dtype)])
 
 
 def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[int],
@@ -468,19 +507,23 @@ def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[
                       keys: workload.KeyDistribution, progress: Progress | None = None
                       ) -> None:
     agg = spec.stateful.agg
-    n = keys.n
-    count = np.zeros(n, dtype=np.int64)
-    total = np.zeros(n, dtype=np.float64)
-    peak = np.full(n, -np.inf)
+    table = _KeyTable(keys.n if spec.source_type == "generator" else None)
+    count = np.zeros(table.size, dtype=np.int64)
+    total = np.zeros(table.size, dtype=np.float64)
+    peak = np.full(table.size, -np.inf)
     for b in _tracked(committed, progress):
         df = _records(spec, t0, starts[b], ends[b], schedule, keys)
         report.batches += 1
-        report.records += ends[b] - starts[b]
+        # (a broker's offsets are packed IDs, not a count: its records are the rows read)
+        report.records += ends[b] - starts[b] if table.dense else len(df)
         k = df["key"].to_numpy(np.int64)
         v = df[spec.stateful.field].to_numpy(np.float64)
-        np.add.at(count, k, 1)
-        np.add.at(total, k, v)
-        np.maximum.at(peak, k, v)
+        ids = table.ids(k)
+        count, total, peak = (_grown(count, table.size, 0), _grown(total, table.size, 0.0),
+                              _grown(peak, table.size, -np.inf))
+        np.add.at(count, ids, 1)
+        np.add.at(total, ids, v)
+        np.maximum.at(peak, ids, v)
         out = _read_output(output_dir, b)
         if out is None:
             report.missing_batches.append(b)
@@ -505,11 +548,12 @@ def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[
         common = np.intersect1d(expected_keys, got.index.to_numpy(np.int64))
         if not len(common):
             continue
-        want_agg = {"count": count[common].astype(np.float64), "sum": total[common],
-                    "max": peak[common],
-                    "mean": total[common] / np.maximum(count[common], 1)}[agg]
+        at = table.ids(common)
+        want_agg = {"count": count[at].astype(np.float64), "sum": total[at],
+                    "max": peak[at],
+                    "mean": total[at] / np.maximum(count[at], 1)}[agg]
         rows = got.loc[common]
-        bad_count = rows["records"].to_numpy(np.int64) != count[common]
+        bad_count = rows["records"].to_numpy(np.int64) != count[at]
         bad_value = ~np.isclose(rows["agg"].to_numpy(np.float64), want_agg, rtol=RTOL,
                                 atol=RTOL)
         bad = bad_count | bad_value
@@ -518,7 +562,60 @@ def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[
             report.problem("wrong", int(bad.sum()),
                            f"batch {b}: key {int(common[i])} has records="
                            f"{int(rows['records'].iloc[i])}, agg={rows['agg'].iloc[i]!r}; "
-                           f"expected {int(count[common][i])}, {want_agg[i]!r}")
+                           f"expected {int(count[at][i])}, {want_agg[i]!r}")
+    if spec.sink.get("type") == "postgres":
+        final = {"count": count.astype(np.float64), "sum": total, "max": peak,
+                 "mean": total / np.maximum(count, 1)}[agg]
+        _verify_postgres_table(spec, t0, committed, table, count, final, report)
+
+
+def _verify_postgres_table(spec: definition.PipelineSpec, t0: float, committed: list[int],
+                           table: _KeyTable, count: np.ndarray, final: np.ndarray,
+                           report: VerifyReport) -> None:
+    """A PostgreSQL sink's table against the aggregate over every committed record
+    (a key's row holds its last update), and its ledger: each output batch written
+    once (the ledger's key) and none missing."""
+    from pipelines.runtime.connectors.postgres_sink import PostgresSink
+
+    sink = PostgresSink.for_run(spec.sink, t0, key_columns=("key",))
+    with sink.connect() as conn:
+        names, rows = sink.read(conn)
+        written = sink.written_epochs(conn)
+    missing_batches = sorted(set(committed) - set(written))
+    if missing_batches:
+        report.problem("lost", len(missing_batches), f"the table's ledger lacks output "
+                       f"batch {missing_batches[0]} ({len(missing_batches)} in all)")
+    got = pd.DataFrame(rows, columns=names)
+    if got.empty:
+        expected_n = int((count > 0).sum())
+        if expected_n:
+            report.problem("lost", expected_n, f"{spec.sink['table']} holds no row")
+        return
+    keys = got["key"].to_numpy(np.int64)
+    seen = table.ids(keys) if not table.dense else keys
+    inside = (seen >= 0) & (seen < len(count))
+    have = np.zeros(len(count), dtype=bool)
+    have[seen[inside]] = True
+    lost = int(((count > 0) & ~have).sum())
+    if lost:
+        report.problem("lost", lost, f"{spec.sink['table']}: {lost} keys with records "
+                       "have no row")
+    extra = int((~inside).sum() + (inside & (count[np.clip(seen, 0, len(count) - 1)] == 0)).sum())
+    if extra:
+        report.problem("unexpected", extra, f"{spec.sink['table']}: {extra} rows for keys "
+                       "without records")
+    ok = inside & (count[np.clip(seen, 0, len(count) - 1)] > 0)
+    at = seen[ok]
+    wrong = ((got["records"].to_numpy(np.int64)[ok] != count[at])
+             | ~np.isclose(got["agg"].to_numpy(np.float64)[ok], final[at], rtol=RTOL,
+                           atol=RTOL))
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        report.problem("wrong", int(wrong.sum()),
+                       f"{spec.sink['table']}: key {int(keys[ok][i])} holds "
+                       f"records={int(got['records'].to_numpy()[ok][i])}; expected "
+                       f"{int(count[at][i])}")
+    report.sink_rows = len(got)
 
 
 def _verify_hft(spec: definition.PipelineSpec, t0: float, committed: list[int],

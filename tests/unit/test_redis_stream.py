@@ -1,0 +1,157 @@
+"""The Redis stream connector on the real Redis, without Spark: packed entry IDs keep the
+stream's order and round-trip, a range read in parts or capped at N entries reads
+exactly what one read does, malformed entries become dead letters once, the feeder
+publishes its workload, and a definition names a stream but never a password."""
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import redis
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipelines import feed as feeder
+from pipelines.runtime import connectors
+from pipelines.runtime.connectors import redis_stream as rs
+from pipelines.runtime.spec import definition
+
+pytestmark = [pytest.mark.dbless]
+
+
+@pytest.fixture()
+def stream() -> Iterator[tuple[redis.Redis, rs.StreamSource]]:
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
+    source = rs.StreamSource(url=url, stream=f"sw-unit-{uuid.uuid4().hex[:8]}")
+    r = source.connect()
+    try:
+        yield r, source
+    finally:
+        r.delete(source.stream, source.dead_letter_stream, source.dead_letter_ids)
+
+
+@given(st.integers(0, rs.MAX_MS), st.integers(0, rs.SEQ_MASK),
+       st.integers(0, rs.MAX_MS), st.integers(0, rs.SEQ_MASK))
+def test_packed_ids_round_trip_and_keep_the_streams_order(ms: int, seq: int, ms2: int,
+                                                         seq2: int) -> None:
+    a, b = rs.pack(f"{ms}-{seq}"), rs.pack(f"{ms2}-{seq2}".encode())
+    assert rs.unpack(a) == f"{ms}-{seq}" and 0 <= a < 2**63
+    assert (a < b) == ((ms, seq) < (ms2, seq2))
+    assert rs.emit_seconds(a) == ms / 1000.0
+
+
+def test_an_id_past_what_an_offset_holds_is_refused() -> None:
+    with pytest.raises(rs.StreamIdError):
+        rs.pack(f"1-{rs.SEQ_MASK + 1}")
+    with pytest.raises(rs.StreamIdError):
+        rs.pack(f"{rs.MAX_MS + 1}-0")
+
+
+def test_ranges_in_parts_or_capped_read_what_one_read_does(stream) -> None:
+    r, source = stream
+    # Explicit IDs: several entries in one millisecond, gaps between milliseconds.
+    ids = [f"{1000 + ms}-{seq}" for ms in (0, 1, 7, 30) for seq in range(4)]
+    for i, entry_id in enumerate(ids):
+        r.xadd(source.stream, {"key": str(i), "value": str(i / 2)}, id=entry_id)
+    end = rs.end_offset(r, source.stream)
+    assert end == rs.pack(ids[-1]) + 1 and rs.first_offset(r, source.stream) == rs.pack(ids[0])
+    whole = rs.read_range(source, 0, end, r)
+    assert [rs.unpack(s) for s in whole.seq] == ids
+    assert whole.columns["key"] == list(range(len(ids)))
+    for parts in (1, 2, 3, 7, 50):
+        seqs = [s for a, b in rs.split(rs.pack(ids[0]), end, parts)
+                for s in rs.read_range(source, a, b, r).seq]
+        assert seqs == whole.seq
+    begin, read = 0, []
+    while begin < end:  # batches of at most 5 entries, each ending after its 5th
+        stop = rs.end_after(r, source.stream, begin, 5, end)
+        batch = rs.read_range(source, begin, stop, r).seq
+        assert 0 < len(batch) <= 5
+        read += batch
+        begin = stop
+    assert read == whole.seq
+    assert rs.end_after(r, source.stream, end, 5, end) == end  # nothing new: no batch
+
+
+def test_malformed_entries_are_dead_letters_once_with_their_reason(stream) -> None:
+    r, source = stream
+    good = r.xadd(source.stream, {"key": "1", "value": "2.5"})
+    missing = r.xadd(source.stream, {"key": "2"})
+    not_a_number = r.xadd(source.stream, {"key": "3", "value": "abc"})
+    not_finite = r.xadd(source.stream, {"key": "4", "value": "inf"})
+    too_long = r.xadd(source.stream, {"key": str(2**63), "value": "1"})
+    parsed = rs.read_range(source, 0, rs.end_offset(r, source.stream), r)
+    assert parsed.seq == [rs.pack(good)] and parsed.columns["value"] == [2.5]
+    reasons = {entry_id: reason for entry_id, _, reason in parsed.dead}
+    assert reasons[missing] == "no field 'value'"
+    assert reasons[not_a_number].startswith("field 'value' is not a double")
+    assert "finite" in reasons[not_finite] and "long's range" in reasons[too_long]
+    # A later task's letters first (tasks of a batch end in any order), then all of
+    # them (a retried task), then again (the batch read again after a restart).
+    assert rs.write_dead_letters(r, source, parsed.dead[2:]) == 2
+    assert rs.write_dead_letters(r, source, parsed.dead) == 2
+    assert rs.write_dead_letters(r, source, parsed.dead[::-1]) == 0
+    letters = {f[b"source_id"]: f for _, f in r.xrange(source.dead_letter_stream)}
+    assert sorted(letters) == sorted([missing, not_a_number, not_finite, too_long])
+    assert len(r.xrange(source.dead_letter_stream)) == 4 == rs.dead_letter_count(r, source)
+    assert letters[not_a_number][b"raw:value"] == b"abc"
+
+
+def test_the_feeder_publishes_its_workload_with_the_malformed_share_it_was_given(
+        stream) -> None:
+    r, source = stream
+    feed = feeder.Feed(seed=3, rate={"kind": "constant", "records_per_s": 50_000},
+                       keys={"kind": "zipf", "n": 40, "s": 1.1}, records=4000,
+                       malformed=0.05)
+    lines: list[str] = []
+    assert feeder.publish_redis(r, source.stream, feed, say=lines.append) == 4000
+    assert lines and "4,000 records" in lines[-1]
+    parsed = rs.read_range(source, 0, rs.end_offset(r, source.stream), r)
+    kinds = feeder.malformed_kind(3, np.arange(4000, dtype=np.int64), 0.05)
+    assert len(parsed.dead) == int((kinds >= 0).sum()) and 100 < len(parsed.dead) < 300
+    assert len(parsed.seq) + len(parsed.dead) == 4000
+    assert set(parsed.columns["key"]) <= set(range(40))
+    clock = connectors.offset_clock(definition.validate(_doc(source)), t0=0.0)
+    assert clock.records_by(1e12) == rs.end_offset(r, source.stream)  # no further than the newest
+    assert clock.rate_at(5.0) is None
+
+
+def _doc(source: rs.StreamSource, **extra: object) -> dict:
+    return {"source": {"type": "redis_stream", "url": source.url, "stream": source.stream,
+                       **extra},
+            "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count"}]}
+
+
+@pytest.mark.parametrize(("extra", "where", "message"), [
+    ({"url": "redis://:secret@127.0.0.1:6379/0"}, "source.url", "holds a password"),
+    ({"url": "redis://127.0.0.1:6379/0?password=x"}, "source.url", "holds a password"),
+    ({"url": "http://127.0.0.1/"}, "source.url", "must be a redis://"),
+    ({"stream": ""}, "source.stream", "1-256 characters"),
+    ({"fields": {"key": "long"}}, "source.fields", "needs 'value'"),
+    ({"fields": {"key": "long", "value": "double", "seq": "long"}}, "source.fields.seq",
+     "identifier"),
+    ({"fields": {"key": "long", "value": "float"}}, "source.fields.value", "is not one of"),
+    ({"seed": 3}, "source.seed", "unknown field"),
+])
+def test_a_stream_source_that_is_wrong_is_a_field_error(extra, where, message) -> None:
+    doc = _doc(rs.StreamSource(url="redis://127.0.0.1:6379/0", stream="s"))
+    doc["source"].update(extra)
+    with pytest.raises(definition.DefinitionError) as err:
+        definition.validate(doc)
+    assert err.value.path == where and message in err.value.message
+
+
+def test_a_stream_source_round_trips_and_feeds_only_a_keyed_aggregate() -> None:
+    import json
+
+    doc = _doc(rs.StreamSource(url="redis://127.0.0.1:6379/0", stream="orders"))
+    spec = definition.validate(doc)
+    assert spec.source_type == "redis_stream" and "seed" not in spec.raw["source"]
+    assert definition.parse(json.dumps(spec.raw)) == spec
+    doc["operators"] = [{"type": "hft_window", "window": 10, "slide": 2}]
+    with pytest.raises(definition.DefinitionError) as err:
+        definition.validate(doc)
+    assert err.value.path == "operators[0]"
