@@ -93,6 +93,7 @@ class Sample(TypedDict):
     drift: int | None
     group_moves: int | None
     failed_tasks: int | None
+    dead_letters: int | None  # a broker source's entries that did not convert
     groups: Groups | None
     migration: dict[str, Any] | None
     written_at: NotRequired[float | None]  # pushed live only: when the runner wrote it

@@ -3,6 +3,8 @@ control plane talks to a runner only through Redis (``bus``). Its rooms, bottom 
 
 * ``operators`` — the Python operators (pandas, no Spark);
 * ``spec`` — a definition validated into a typed spec;
+* ``connectors`` — brokers and stores outside the product, without Spark: a Redis
+  stream's offsets, reads and dead letters, the PostgreSQL sink;
 * ``query`` — a spec compiled into a Structured Streaming query, its sources and sink;
 * ``host``, ``cluster`` — the machine (frequency, power, private files) and the
   embedded standalone cluster;

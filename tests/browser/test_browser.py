@@ -118,11 +118,15 @@ def test_operator_creates_starts_watches_scales_rebalances_and_stops(
                 <= s.latency_max_ms
             assert s.power_w > 0 and s.workers == 1
         # The placement panel: one worker holds every key group, verified per batch.
-        rows = browser.find_elements(By.CSS_SELECTOR, "#placement tbody tr[data-worker]")
-        assert len(rows) == 1 and "0, 1, 2, 3" in rows[0].text
+        # Read in one script: the panel is drawn again at each sample, and a row read
+        # in two calls may be gone by the second (a StaleElementReferenceException).
+        rows = browser.execute_script(
+            "return [...document.querySelectorAll('#placement tbody tr[data-worker]')]"
+            ".map((r) => ({text: r.innerText, host: r.dataset.host}));")
+        assert len(rows) == 1 and "0, 1, 2, 3" in rows[0]["text"]
         # Each executor is named with its host (here the embedded worker's loopback).
-        assert rows[0].get_attribute("data-host") == "127.0.0.1"
-        assert "on 127.0.0.1" in rows[0].text
+        assert rows[0]["host"] == "127.0.0.1"
+        assert "on 127.0.0.1" in rows[0]["text"]
         assert browser.find_element(By.ID, "frequency-label").text != "—"
         assert browser.find_element(By.ID, "power-label").text == "modelled"
 

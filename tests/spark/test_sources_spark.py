@@ -12,6 +12,8 @@ import os
 import signal
 import threading
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,30 @@ def _count(url: str, stream: str, table: str) -> dict[str, Any]:
             "key_groups": 4}
 
 
+@dataclass
+class Place:
+    """A test's own stream (in the lane's Redis) and table (in PG_URL), removed after."""
+
+    url: str
+    stream: str
+    table: str
+    r: redis.Redis
+
+
+@pytest.fixture()
+def place() -> Iterator[Place]:
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
+    here = Place(url=url, stream=f"sw-test-{uuid.uuid4().hex[:8]}",
+                 table=f"sw_test_{uuid.uuid4().hex[:8]}", r=redis.Redis.from_url(url))
+    yield here
+    made = rs.StreamSource(url=url, stream=here.stream)
+    here.r.delete(here.stream, made.dead_letter_stream, made.dead_letter_ids)
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS {here.table}")
+        conn.execute("DELETE FROM streamwise_sink_batches WHERE sink LIKE %s",
+                     (f"{here.table}@%",))
+
+
 class Feeder:
     """The feeder's publisher in a thread, until stopped."""
 
@@ -80,12 +106,9 @@ class Feeder:
 
 
 def test_a_redis_stream_through_scale_up_rebalance_and_replan_is_counted_exactly_once(
-        tmp_path: Path, spark_cluster: Any) -> None:
-    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
-    stream = f"sw-test-{uuid.uuid4().hex[:8]}"
-    r = redis.Redis.from_url(url)
-    table = f"sw_test_{uuid.uuid4().hex[:8]}"
-    doc = _count(url, stream, table)
+        tmp_path: Path, spark_cluster: Any, place: Place) -> None:
+    url, stream, r = place.url, place.stream, place.r
+    doc = _count(url, stream, place.table)
     spec = definition.validate(doc)
     source = rs.StreamSource.from_params(spec.raw["source"])
     # Published at RATE until the reconfigurations are done: the run reads the records
@@ -95,112 +118,92 @@ def test_a_redis_stream_through_scale_up_rebalance_and_replan_is_counted_exactly
     run = RunnerProcess(tmp_path / "run", spark_cluster.master_url, doc, url,
                         token="redis-source", max_workers=2, initial_workers=1)
     publisher = Feeder(r, stream, feed)
-    try:
-        with publisher, run:
-            run.wait_batches(3)
-            up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
-            assert up["ok"], up["message"]
-            assert up["migration"]["groups_moved"] >= 1
-            run.wait_batches(2)
-            moved = run.command("rebalance", timeout_s=300, planner="ding-table", tau=0.5,
-                                schedule="all-at-once")
-            assert moved["ok"], moved["message"]
-            run.wait_batches(2)
-            replan = run.command("replan", timeout_s=600, key_groups=8, scheme="seamless")
-            assert replan["ok"], replan["message"]
-            run.wait_batches(2)
-            total = publisher.finish()
-            # Until every published entry has been read: the last batch's end is past
-            # the stream's newest entry.
-            run.wait_until(lambda: run.metrics and (run.metrics[-1].get("source_end") or 0)
-                           >= rs.end_offset(r, stream), 600,
-                           "the run to read the whole stream")
-        assert {m["generation"] for m in run.metrics} == {0, 1}
-        # The verifier reads the stream again for each batch's offsets, checks each
-        # kept batch, then the table (each key's last update) and its ledger (each
-        # output batch once).
-        report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
-        assert report.ok, report.problems
-        assert report.output_rows > 0 and report.sink_rows and report.sink_rows > 100
+    with publisher, run:
+        run.wait_batches(3)
+        up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
+        assert up["ok"], up["message"]
+        assert up["migration"]["groups_moved"] >= 1
+        run.wait_batches(2)
+        moved = run.command("rebalance", timeout_s=300, planner="ding-table", tau=0.5,
+                            schedule="all-at-once")
+        assert moved["ok"], moved["message"]
+        run.wait_batches(2)
+        replan = run.command("replan", timeout_s=600, key_groups=8, scheme="seamless")
+        assert replan["ok"], replan["message"]
+        run.wait_batches(2)
+        total = publisher.finish()
+        # Until every published entry has been read: the last batch's end is past
+        # the stream's newest entry.
+        run.wait_until(lambda: run.metrics and (run.metrics[-1].get("source_end") or 0)
+                       >= rs.end_offset(r, stream), 600,
+                       "the run to read the whole stream")
+    assert {m["generation"] for m in run.metrics} == {0, 1}
+    # The verifier reads the stream again for each batch's offsets, checks each
+    # kept batch, then the table (each key's last update) and its ledger (each
+    # output batch once).
+    report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
+    assert report.ok, report.problems
+    assert report.output_rows > 0 and report.sink_rows and report.sink_rows > 100
 
-        # Every malformed entry is a dead letter with its reason, and only those.
-        kinds = feeder.malformed_kind(feed.seed, np.arange(total, dtype=np.int64), MALFORMED)
-        ids = [entry_id for page in rs.entries(r, stream, 0, rs.end_offset(r, stream))
-               for entry_id, _ in page]
-        assert len(ids) == total
-        bad_ids = {ids[i] for i in np.flatnonzero(kinds >= 0)}
-        assert 0.4 * MALFORMED * total < len(bad_ids) < 2 * MALFORMED * total
-        letters = r.xrange(source.dead_letter_stream)
-        assert len(letters) == len(bad_ids)  # each once
-        assert {f[b"source_id"] for _, f in letters} == bad_ids
-        reasons = {fields[b"reason"].decode().split(":")[0] for _, fields in letters}
-        assert reasons == {"no field 'value'", "field 'value' is not a double",
-                           "field 'key' is not a long"}, reasons
-        # And every good one reached the aggregate: what the verifier read again is
-        # what the query read (report.records counts the rows past the filter).
-        good = rs.read_range(source, 0, rs.end_offset(r, stream), r)
-        assert len(good.seq) == total - len(bad_ids)
-    finally:
-        r.delete(stream, source.dead_letter_stream, source.dead_letter_ids)
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
-            conn.execute("DELETE FROM streamwise_sink_batches WHERE sink LIKE %s",
-                         (f"{table}@%",))
+    # Every malformed entry is a dead letter with its reason, and only those.
+    kinds = feeder.malformed_kind(feed.seed, np.arange(total, dtype=np.int64), MALFORMED)
+    ids = [entry_id for page in rs.entries(r, stream, 0, rs.end_offset(r, stream))
+           for entry_id, _ in page]
+    assert len(ids) == total
+    bad_ids = {ids[i] for i in np.flatnonzero(kinds >= 0)}
+    assert 0.4 * MALFORMED * total < len(bad_ids) < 2 * MALFORMED * total
+    letters = r.xrange(source.dead_letter_stream)
+    assert len(letters) == len(bad_ids)  # each once
+    assert {f[b"source_id"] for _, f in letters} == bad_ids
+    reasons = {fields[b"reason"].decode().split(":")[0] for _, fields in letters}
+    assert reasons == {"no field 'value'", "field 'value' is not a double",
+                       "field 'key' is not a long"}, reasons
+    # And every good one was read: the verifier read again what each batch read.
+    assert report.records == total - len(bad_ids)
 
 
 def test_a_runner_sigkilled_mid_run_resumes_and_writes_each_batch_to_postgres_once(
-        tmp_path: Path, spark_cluster: Any) -> None:
+        tmp_path: Path, spark_cluster: Any, place: Place) -> None:
     """The runner SIGKILLed while its batches run back to back (one is in flight: its
     rows may be in the table already, its commit not yet in the checkpoint), then a new
     runner on the same checkpoint and clock: it runs that batch again, the ledger tells
     the sink it was written, and the table holds every key's count once."""
-    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
-    stream = f"sw-test-{uuid.uuid4().hex[:8]}"
-    table = f"sw_test_{uuid.uuid4().hex[:8]}"
-    r = redis.Redis.from_url(url)
+    url, stream, table, r = place.url, place.stream, place.table, place.r
     doc = _count(url, stream, table)
     spec = definition.validate(doc)
-    source = rs.StreamSource.from_params(spec.raw["source"])
     feed = feeder.Feed(seed=5, rate={"kind": "constant", "records_per_s": RATE},
                        keys={"kind": "zipf", "n": 300, "s": 1.0})
     work = tmp_path / "run"
-    try:
-        with Feeder(r, stream, feed) as publisher:
-            first = RunnerProcess(work, spark_cluster.master_url, doc, url, token="killed")
-            with first:
-                first.wait_batches(4)
-                t0 = first.t0
-                assert first.proc is not None
-                # Killed, if it can be caught within 60 s, between a batch's write to the
-                # table and Spark's commit of it (the case the ledger is for); else at once.
-                caught = _in_flight(table, t0, work / "checkpoint", within_s=60)
-                os.kill(first.proc.pid, signal.SIGKILL)
-                first.proc.wait(30)
-            ledger = _ledger(table, t0)
-            committed = _committed(work / "checkpoint")
-            again = RunnerProcess(work, spark_cluster.master_url, doc, url, token="resumed",
-                                  t0=t0)
-            with again:
-                again.wait_batches(3)
-                publisher.finish()
-                again.wait_until(lambda: again.metrics
-                                 and (again.metrics[-1].get("source_end") or 0)
-                                 >= rs.end_offset(r, stream), 600,
-                                 "the resumed run to read the whole stream")
-        print(f"at the kill: {len(committed)} batches committed, {len(ledger)} in the "
-              f"table's ledger (a batch written and not committed caught: {caught})")
-        report = verify.verify(spec, t0, work / "checkpoint", work / "output")
-        assert report.ok, report.problems
-        assert report.sink_rows and report.sink_rows > 100
-        # The ledger holds exactly the committed batches: none written twice (its key),
-        # none written that the checkpoint did not commit in the end.
-        assert set(_ledger(table, t0)) == _committed(work / "checkpoint")
-    finally:
-        r.delete(stream, source.dead_letter_stream, source.dead_letter_ids)
-        with psycopg.connect(PG_URL, autocommit=True) as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
-            conn.execute("DELETE FROM streamwise_sink_batches WHERE sink LIKE %s",
-                         (f"{table}@%",))
+    with Feeder(r, stream, feed) as publisher:
+        first = RunnerProcess(work, spark_cluster.master_url, doc, url, token="killed")
+        with first:
+            first.wait_batches(4)
+            t0 = first.t0
+            assert first.proc is not None
+            # Killed, if it can be caught within 60 s, between a batch's write to the
+            # table and Spark's commit of it (the case the ledger is for); else at once.
+            caught = _in_flight(table, t0, work / "checkpoint", within_s=60)
+            os.kill(first.proc.pid, signal.SIGKILL)
+            first.proc.wait(30)
+        ledger = _ledger(table, t0)
+        committed = _committed(work / "checkpoint")
+        again = RunnerProcess(work, spark_cluster.master_url, doc, url, token="resumed",
+                              t0=t0)
+        with again:
+            again.wait_batches(3)
+            publisher.finish()
+            again.wait_until(lambda: again.metrics
+                             and (again.metrics[-1].get("source_end") or 0)
+                             >= rs.end_offset(r, stream), 600,
+                             "the resumed run to read the whole stream")
+    print(f"at the kill: {len(committed)} batches committed, {len(ledger)} in the "
+          f"table's ledger (a batch written and not committed caught: {caught})")
+    report = verify.verify(spec, t0, work / "checkpoint", work / "output")
+    assert report.ok, report.problems
+    assert report.sink_rows and report.sink_rows > 100
+    # The ledger holds exactly the committed batches: none written twice (its key),
+    # none written that the checkpoint did not commit in the end.
+    assert set(_ledger(table, t0)) == _committed(work / "checkpoint")
 
 
 def _ledger(table: str, t0: float) -> dict[int, int]:
