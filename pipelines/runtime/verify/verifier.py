@@ -553,14 +553,9 @@ def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[
         if not len(common):
             continue
         at = table.ids(common)
-        want_agg = {"count": count[at].astype(np.float64), "sum": total[at],
-                    "max": peak[at],
-                    "mean": total[at] / np.maximum(count[at], 1)}[agg]
+        want_agg = _aggregate(agg, count[at], total[at], peak[at])
         rows = got.loc[common]
-        bad_count = rows["records"].to_numpy(np.int64) != count[at]
-        bad_value = ~np.isclose(rows["agg"].to_numpy(np.float64), want_agg, rtol=RTOL,
-                                atol=RTOL)
-        bad = bad_count | bad_value
+        bad = _mismatched(rows["records"], rows["agg"], count[at], want_agg)
         if bad.any():
             i = int(np.argmax(bad))
             report.problem("wrong", int(bad.sum()),
@@ -568,9 +563,22 @@ def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[
                            f"{int(rows['records'].iloc[i])}, agg={rows['agg'].iloc[i]!r}; "
                            f"expected {int(count[at][i])}, {want_agg[i]!r}")
     if spec.sink.get("type") == "postgres":
-        final = {"count": count.astype(np.float64), "sum": total, "max": peak,
-                 "mean": total / np.maximum(count, 1)}[agg]
+        final = _aggregate(agg, count, total, peak)
         _verify_postgres_table(spec, t0, committed, table, count, final, report)
+
+
+def _aggregate(agg: str, count: np.ndarray, total: np.ndarray, peak: np.ndarray
+               ) -> np.ndarray:
+    """The definition's aggregate from the per-key records, sum and max."""
+    return {"count": count.astype(np.float64), "sum": total, "max": peak,
+            "mean": total / np.maximum(count, 1)}[agg]
+
+
+def _mismatched(records: pd.Series, agg: pd.Series, want_records: np.ndarray,
+                want_agg: np.ndarray) -> np.ndarray:
+    """Rows whose record count or aggregate is not the expected one."""
+    return ((records.to_numpy(np.int64) != want_records)
+            | ~np.isclose(agg.to_numpy(np.float64), want_agg, rtol=RTOL, atol=RTOL))
 
 
 def _verify_postgres_table(spec: definition.PipelineSpec, t0: float, committed: list[int],
@@ -610,9 +618,7 @@ def _verify_postgres_table(spec: definition.PipelineSpec, t0: float, committed: 
                        "without records")
     ok = inside & (count[np.clip(seen, 0, len(count) - 1)] > 0)
     at = seen[ok]
-    wrong = ((got["records"].to_numpy(np.int64)[ok] != count[at])
-             | ~np.isclose(got["agg"].to_numpy(np.float64)[ok], final[at], rtol=RTOL,
-                           atol=RTOL))
+    wrong = _mismatched(got["records"][ok], got["agg"][ok], count[at], final[at])
     if wrong.any():
         i = int(np.argmax(wrong))
         report.problem("wrong", int(wrong.sum()),
