@@ -44,9 +44,13 @@ class Feed:
     records: int = 0
     malformed: float = 0.0
 
-    def source_doc(self) -> dict:
-        return {"type": "generator", "seed": self.seed, "partitions": 1,
-                "rate": self.rate, "keys": self.keys}
+    def spec(self) -> definition.PipelineSpec:
+        """The workload as a generator's definition validates it (its schedule and keys);
+        DefinitionError names the field (``source.rate`` ...)."""
+        return definition.validate({
+            "source": {"type": "generator", "seed": self.seed, "partitions": 1,
+                       "rate": self.rate, "keys": self.keys},
+            "operators": [{"type": "keyed_aggregate"}]})
 
 
 def malformed_kind(seed: int, index: np.ndarray, share: float) -> np.ndarray:
@@ -80,8 +84,7 @@ def publish_redis(r: redis.Redis, stream: str, feed: Feed,
                   stop: Callable[[], bool] = lambda: False) -> int:
     """Publish ``feed`` into ``stream`` on its schedule, until it is done or ``stop()``;
     returns the records sent."""
-    spec = definition.validate({"source": feed.source_doc(),
-                                "operators": [{"type": "keyed_aggregate"}]})
+    spec = feed.spec()
     schedule, keys = spec.schedule(), spec.key_distribution()
     t0 = clock()
     sent = 0
@@ -142,8 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 keys=_json_arg(args.keys, "keys"), seconds=args.seconds,
                 records=args.records, malformed=args.malformed)
     try:
-        definition.validate({"source": feed.source_doc(),
-                             "operators": [{"type": "keyed_aggregate"}]})
+        feed.spec()
     except definition.DefinitionError as exc:
         parser.error(str(exc).replace("source.", "--", 1))
     r = redis.Redis.from_url(args.url)

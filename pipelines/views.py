@@ -223,7 +223,7 @@ def _source_facts(run: Run) -> dict[str, Any]:
     if kind == "redis_stream":
         from pipelines.runtime.connectors import redis_stream as rs
 
-        facts["dead_letter_stream"] = f"{source.get('stream', '')}{rs.DEAD_LETTER_SUFFIX}"
+        facts["dead_letter_stream"] = rs.dead_letter_stream(str(source.get("stream", "")))
     return facts
 
 

@@ -3,18 +3,17 @@ to time, how to read a range again. The Spark readers are in ``query/`` (``sourc
 ``DATA_SOURCES`` lists them); this package is what the runner, the verifier and the
 feeder share.
 
-``offset_clock(spec, t0)`` answers, for any source, the two questions the runner asks of
-its input in offsets: how far the input reaches by a time (is input waiting, how far
-behind is a catching-up generation, what arrived during a re-plan) and when the record
-at an offset was emitted. For the generator that is its rate schedule; for a broker it
-is the broker's own clock and newest entry."""
+``offset_clock(spec, t0)`` answers, for any source, what the runner asks of its input
+in offsets: how far the input reaches by a time (is input waiting, how far behind is a
+catching-up generation, what arrived during a re-plan) and the rate it is scheduled to
+have. For the generator that is its rate schedule; for a broker it is the broker's own
+clock and newest entry, and no schedule."""
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
-import numpy as np
 
 from pipelines.runtime.spec import definition
 
@@ -22,10 +21,6 @@ from pipelines.runtime.spec import definition
 class OffsetClock(Protocol):
     def records_by(self, t: float) -> int:
         """The offset the input reaches ``t`` seconds after the run's start."""
-
-    def emission_times(self, offsets: np.ndarray) -> np.ndarray:
-        """Seconds after the run's start at which the records at ``offsets`` were
-        emitted."""
 
     def rate_at(self, t: float) -> float | None:
         """The arrival rate the source is scheduled to have at ``t`` (modelled), or None
@@ -40,14 +35,14 @@ class RedisStreamClock:
 
     REFRESH_S = 0.2
 
-    def __init__(self, params: dict[str, Any], t0: float | Callable[[], float]) -> None:
+    def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
+                 ) -> None:
         from pipelines.runtime.connectors import redis_stream as rs
 
         self.rs = rs
-        self.source = rs.StreamSource.from_params(params)
+        self.source = rs.stream_source(spec)
         # The run's start, or how to read it (a runner learns it after its metrics exist).
         self._t0 = t0
-        self._conn: Any = None
         self._end = (0, -1e18)  # (offset, when read)
 
     @property
@@ -57,9 +52,8 @@ class RedisStreamClock:
     def _newest_end(self) -> int:
         now = time.monotonic()
         if now - self._end[1] > self.REFRESH_S:
-            if self._conn is None:
-                self._conn = self.source.connect()
-            self._end = (self.rs.end_offset(self._conn, self.source.stream), now)
+            conn = self.rs.connection(self.source.url)
+            self._end = (self.rs.end_offset(conn, self.source.stream), now)
         return self._end[0]
 
     def records_by(self, t: float) -> int:
@@ -69,10 +63,6 @@ class RedisStreamClock:
     def rate_at(self, t: float) -> float | None:
         return None
 
-    def emission_times(self, offsets: np.ndarray) -> np.ndarray:
-        offsets = np.asarray(offsets, dtype=np.int64)
-        return (offsets >> self.rs.SEQ_BITS).astype(np.float64) / 1000.0 - self.t0
-
 
 def dead_letter_counter(spec: definition.PipelineSpec) -> Callable[[], int | None] | None:
     """A function that counts the run's dead letters so far (None for a source that
@@ -81,12 +71,11 @@ def dead_letter_counter(spec: definition.PipelineSpec) -> Callable[[], int | Non
         return None
     from pipelines.runtime.connectors import redis_stream as rs
 
-    source = rs.StreamSource.from_params(spec.raw["source"])
-    conn = source.connect()
+    source = rs.stream_source(spec)
 
     def count() -> int | None:
         try:
-            return rs.dead_letter_count(conn, source)
+            return rs.dead_letter_count(rs.connection(source.url), source)
         except Exception:  # noqa: BLE001 - a count missing for a batch, not a failed run
             return None
 
@@ -95,7 +84,7 @@ def dead_letter_counter(spec: definition.PipelineSpec) -> Callable[[], int | Non
 
 def offset_clock(spec: definition.PipelineSpec, t0: float | Callable[[], float]
                  ) -> OffsetClock:
-    """The input's reach and emission times in the run's offsets (module docstring)."""
+    """The input's reach in the run's offsets, and its scheduled rate (module docstring)."""
     if spec.source_type == "redis_stream":
-        return RedisStreamClock(spec.raw["source"], t0)
+        return RedisStreamClock(spec, t0)
     return spec.schedule()

@@ -23,7 +23,9 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-LEDGER = "streamwise_sink_batches"
+from pipelines.runtime.spec import definition
+
+LEDGER = definition.POSTGRES_LEDGER
 _PG_TYPES = {"int64": "bigint", "int32": "integer", "double": "double precision",
              "float": "real", "string": "text", "large_string": "text", "bool": "boolean",
              "timestamp[us, tz=UTC]": "timestamptz"}

@@ -31,10 +31,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import redis
+
+from pipelines.runtime.spec import definition
 
 SEQ_BITS = 20  # entries within one millisecond: XADD * makes far fewer than a million
 SEQ_MASK = (1 << SEQ_BITS) - 1
@@ -82,7 +85,7 @@ class StreamSource:
 
     @property
     def dead_letter_stream(self) -> str:
-        return self.stream + DEAD_LETTER_SUFFIX
+        return dead_letter_stream(self.stream)
 
     @property
     def dead_letter_ids(self) -> str:
@@ -90,6 +93,7 @@ class StreamSource:
         return self.dead_letter_stream + ":ids"
 
     def connect(self) -> redis.Redis:
+        """A client of its own (``connection`` shares one per URL)."""
         return redis.Redis.from_url(self.url, socket_timeout=30, socket_connect_timeout=10)
 
     @classmethod
@@ -97,6 +101,23 @@ class StreamSource:
         return cls(url=str(params["url"]), stream=str(params["stream"]),
                    fields=dict(params.get("fields") or {"key": "long", "value": "double"}),
                    start=str(params.get("start", "earliest")))
+
+
+def dead_letter_stream(stream: str) -> str:
+    """Where the entries of ``stream`` that do not convert go."""
+    return stream + DEAD_LETTER_SUFFIX
+
+
+def stream_source(spec: definition.PipelineSpec) -> StreamSource:
+    """The ``redis_stream`` source of a definition."""
+    return StreamSource.from_params(spec.raw["source"])
+
+
+@lru_cache(maxsize=8)
+def connection(url: str) -> redis.Redis:
+    """One client per URL and process (a Python worker reads batch after batch, the
+    runner and the verifier ask again and again; redis-py's clients are thread-safe)."""
+    return StreamSource(url=url, stream="").connect()
 
 
 def end_offset(r: redis.Redis, stream: str) -> int:
@@ -207,7 +228,7 @@ def read_range(source: StreamSource, start: int, end: int,
                r: redis.Redis | None = None) -> Parsed:
     """Every entry in ``[start, end)``, parsed (what a batch reads, what the verifier
     reads again)."""
-    conn = r or source.connect()
+    conn = r or connection(source.url)
     parsed = Parsed()
     for page in entries(conn, source.stream, start, end):
         parse(page, source.fields, parsed)

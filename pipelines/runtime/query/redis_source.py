@@ -11,17 +11,16 @@ the N-th entry from its start (the IDs are not dense).
 
 Each partition is an ID range; its task reads its entries in pages, converts the
 declared fields and sends an entry that does not convert to the run's dead-letter
-stream with the reason (under its own ID, so a task retried adds it once); the query
-goes on with the rest.
+stream with the reason (once, whichever task or retry meets it first); the query goes
+on with the rest.
 """
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import lru_cache
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import (
     DataType,
     DoubleType,
@@ -45,10 +44,6 @@ _SPARK: dict[str, DataType] = {"long": LongType(), "double": DoubleType(),
 _ARROW = {"long": pa.int64(), "double": pa.float64(), "string": pa.string()}
 
 
-def stream_source(spec: definition.PipelineSpec) -> rs.StreamSource:
-    return rs.StreamSource.from_params(spec.raw["source"])
-
-
 def spark_schema(fields: dict[str, str]) -> StructType:
     """``seq`` (the packed entry ID), the declared fields, ``emit_ts`` (broker time)."""
     return StructType([StructField("seq", LongType(), False)]
@@ -56,24 +51,17 @@ def spark_schema(fields: dict[str, str]) -> StructType:
                       + [StructField("emit_ts", DoubleType(), False)])
 
 
-@lru_cache(maxsize=8)
-def _connection(url: str) -> Any:
-    # One client per Python worker and URL (workers are reused across batches).
-    return rs.StreamSource(url=url, stream="").connect()
-
-
 class RedisStreamReader(GeneratorStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
-        spec = definition.parse(self.spec_json)
-        self.source = stream_source(spec)
+        self.source = rs.stream_source(self.spec)
         self.arrow_schema = pa.schema(
             [pa.field("seq", pa.int64(), nullable=False)]
             + [pa.field(n, _ARROW[t], nullable=False) for n, t in self.source.fields.items()]
             + [pa.field("emit_ts", pa.float64(), nullable=False)])
 
     def _redis(self) -> Any:
-        return _connection(self.source.url)
+        return rs.connection(self.source.url)
 
     def _available(self) -> int:
         return rs.end_offset(self._redis(), self.source.stream)
@@ -103,7 +91,4 @@ class RedisStreamDataSource(GeneratorDataSource):
 
     @classmethod
     def schema_of(cls, spec: definition.PipelineSpec) -> StructType:
-        return spark_schema(dict(stream_source(spec).fields))
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return self.reader(self.options)
+        return spark_schema(dict(rs.stream_source(spec).fields))

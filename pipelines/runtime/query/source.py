@@ -95,7 +95,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         self.spec_json = options["spec"]
         self.t0 = float(options["t0"])
-        spec = definition.parse(self.spec_json)
+        self.spec = spec = definition.parse(self.spec_json)
         self.partitions_n = spec.partitions
         self.max_rows = spec.max_records_per_batch
         self.plan_dir = Path(options["plan_dir"]) if options.get("plan_dir") else None

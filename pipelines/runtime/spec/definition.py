@@ -46,6 +46,8 @@ CHAIN_SOURCES = ("generator", "redis_stream")
 # A chain's sinks: the latency sink (rows counted, or kept as Parquet for the verifier),
 # or a PostgreSQL table written once per batch (``connectors/postgres_sink.py``).
 CHAIN_SINKS = ("latency", "postgres")
+# The table of every PostgreSQL sink's written batches, which no pipeline may write to.
+POSTGRES_LEDGER = "streamwise_sink_batches"
 POSTGRES_TABLE = re.compile(r"^(?:[a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
 REDIS_FIELD_TYPES = ("long", "double", "string")
 STATE_STORES = ("rocksdb", "hdfs")
@@ -584,31 +586,43 @@ def _validate(doc: Any) -> PipelineSpec:
                         keep_output=keep_output, raw=clean, source_type=source_type)
 
 
-def _validate_postgres_sink(sink: dict[str, Any], path: str) -> dict[str, Any]:
-    """A ``postgres`` sink: the database (a URL without a password) and the table,
-    ``[schema.]name`` in PostgreSQL's plain identifiers."""
+def _server_url(doc: dict[str, Any], path: str, schemes: tuple[str, ...],
+                example: str) -> str:
+    """A server's URL (``doc["url"]``) with one of ``schemes``, at most 500 characters
+    and without a password, in its user part or its query: credentials never live in a
+    definition (a connection will hold them)."""
     from urllib.parse import parse_qs, urlsplit
 
-    url = sink.get("url")
+    url = doc.get("url")
     if not isinstance(url, str) or not url:
-        raise DefinitionError(f"{path}.url", "is required (e.g. "
-                              "postgres://streamwise@127.0.0.1:5432/streamwise)")
+        raise DefinitionError(f"{path}.url", f"is required (e.g. {example})")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as exc:
         raise DefinitionError(f"{path}.url", f"is not a URL: {exc}") from None
-    if parts.scheme not in ("postgres", "postgresql") or len(url) > 500:
-        raise DefinitionError(f"{path}.url", "must be a postgres:// URL of at most 500 "
+    if parts.scheme not in schemes or len(url) > 500:
+        named = [s + "://" for s in schemes]
+        either = ", ".join(named[:-1]) + " or " + named[-1] if len(named) > 1 else named[0]
+        raise DefinitionError(f"{path}.url", f"must be a {either} URL of at most 500 "
                               "characters")
-    if parts.password or "password" in parse_qs(parts.query):
+    if (parts.password or "password=" in parts.query
+            or "password" in parse_qs(parts.query, keep_blank_values=True)):
         raise DefinitionError(f"{path}.url", "holds a password: credentials never live in "
                               "a definition")
+    return url
+
+
+def _validate_postgres_sink(sink: dict[str, Any], path: str) -> dict[str, Any]:
+    """A ``postgres`` sink: the database (a URL without a password) and the table,
+    ``[schema.]name`` in PostgreSQL's plain identifiers."""
+    url = _server_url(sink, path, ("postgres", "postgresql"),
+                      "postgres://streamwise@127.0.0.1:5432/streamwise")
     table = sink.get("table")
     if not isinstance(table, str) or not POSTGRES_TABLE.match(table):
         raise DefinitionError(f"{path}.table", "must be a table name, [schema.]name in "
                               "lower-case letters, digits and _ (at most 63 each)")
-    if table.split(".")[-1] == "streamwise_sink_batches":
+    if table.split(".")[-1] == POSTGRES_LEDGER:
         raise DefinitionError(f"{path}.table", "is the sinks' ledger table")
     return {"url": url, "table": table}
 
@@ -618,22 +632,7 @@ def _validate_redis_stream(src: dict[str, Any], path: str) -> dict[str, Any]:
     a password belongs in a connection, never in a definition), the stream, and the
     entry fields the records take with their types. A chain's operators read ``key``
     (long) and ``value`` (double)."""
-    from urllib.parse import urlsplit
-
-    url = src.get("url")
-    if not isinstance(url, str) or not url:
-        raise DefinitionError(f"{path}.url", "is required (e.g. redis://127.0.0.1:6379/0)")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises on a port that is not a number
-    except ValueError as exc:
-        raise DefinitionError(f"{path}.url", f"is not a URL: {exc}") from None
-    if parts.scheme not in ("redis", "rediss", "unix") or len(url) > 500:
-        raise DefinitionError(f"{path}.url", "must be a redis://, rediss:// or unix:// URL "
-                              "of at most 500 characters")
-    if parts.password or "password=" in parts.query:
-        raise DefinitionError(f"{path}.url", "holds a password: credentials never live in "
-                              "a definition")
+    url = _server_url(src, path, ("redis", "rediss", "unix"), "redis://127.0.0.1:6379/0")
     stream = src.get("stream")
     if not isinstance(stream, str) or not 0 < len(stream) <= 256:
         raise DefinitionError(f"{path}.stream", "must be a stream name of 1-256 characters")
