@@ -1,16 +1,23 @@
-"""Drive a real broker with the product's workloads: ``python -m pipelines.feed redis ...``.
+"""Drive a real broker with the product's workloads: ``python -m pipelines.feed redis|jetstream ...``.
 
 Publishes the keyed workload (the generator's records: keys from a distribution, values
-in [0, 1000)) at any of its rate shapes (constant, step, sine, random walk, trace) into a
-Redis stream, each record an entry with the fields ``key`` and ``value``, added with
-``XADD <stream> *``: the server stamps it, and that stamp is where the record's latency
-starts. ``--malformed F`` makes a fraction F of the entries bad, in turn: a missing
-``value``, a ``value`` that is not a number, a ``key`` that is not UTF-8 (what the
-dead-letter stream is for). A progress line every few seconds says how far it is.
+in [0, 1000)) at any of its rate shapes (constant, step, sine, random walk, trace):
+
+* ``redis``: into a Redis stream, each record an entry with the fields ``key`` and
+  ``value``, added with ``XADD <stream> *``;
+* ``jetstream``: into a NATS JetStream stream (made if absent, subject ``--subject``,
+  default the stream's name), each record a JSON object ``{"key": .., "value": ..}``.
+
+Either way the broker stamps each record, and that stamp is where its latency starts.
+``--malformed F`` makes a fraction F of the records bad, in turn: a missing ``value``, a
+``value`` that is not a number, and a key that is not UTF-8 (Redis) or a payload that is
+not JSON (JetStream): what the dead-letter place is for. A progress line every few
+seconds says how far it is.
 
     python -m pipelines.feed redis --url redis://127.0.0.1:6379/0 --stream orders \\
         --rate '{"kind": "constant", "records_per_s": 800}' \\
         --keys '{"kind": "zipf", "n": 200, "s": 1.1}' --seconds 60
+    python -m pipelines.feed jetstream --url nats://127.0.0.1:4222 --stream ORDERS ...
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import redis
@@ -27,7 +35,7 @@ import redis
 from control import workload
 from pipelines.runtime.spec import definition
 
-MALFORMED_KINDS = ("missing value", "value not a number", "key not utf-8")
+MALFORMED_KINDS = ("missing value", "value not a number", "key not utf-8 / not JSON")
 BATCH_S = 0.05  # publish what is due every 50 ms, in one round trip
 
 
@@ -78,12 +86,85 @@ def entries_for(feed: Feed, recs: workload.Records) -> list[dict[bytes, bytes]]:
     return out
 
 
-def publish_redis(r: redis.Redis, stream: str, feed: Feed,
-                  say: Callable[[str], None] = print, progress_every_s: float = 5.0,
-                  clock: Callable[[], float] = time.time,
-                  stop: Callable[[], bool] = lambda: False) -> int:
-    """Publish ``feed`` into ``stream`` on its schedule, until it is done or ``stop()``;
-    returns the records sent."""
+def messages_for(feed: Feed, recs: workload.Records) -> list[bytes]:
+    """The records as JSON payloads, the malformed ones made bad as ``entries_for``
+    does (the third kind: a payload cut short, not JSON)."""
+    kinds = malformed_kind(feed.seed, recs.seq, feed.malformed)
+    out = []
+    for key, value, kind in zip(recs.key.tolist(), recs.value.tolist(), kinds.tolist()):
+        if kind == 0:
+            out.append(b'{"key": %d}' % key)
+        elif kind == 1:
+            out.append(b'{"key": %d, "value": "not-a-number"}' % key)
+        elif kind == 2:
+            out.append(b'{"key": %d, "value": ' % key)
+        else:
+            out.append(json.dumps({"key": key, "value": value}).encode())
+    return out
+
+
+class Publisher(Protocol):
+    def send(self, feed: Feed, recs: workload.Records) -> None: ...
+
+    def held(self) -> int:
+        """How many records the stream holds now."""
+
+
+class RedisPublisher:
+    def __init__(self, r: redis.Redis, stream: str) -> None:
+        self.r, self.stream = r, stream
+
+    def send(self, feed: Feed, recs: workload.Records) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        for entry in entries_for(feed, recs):
+            pipe.xadd(self.stream, entry)
+        pipe.execute()
+
+    def held(self) -> int:
+        return int(self.r.xlen(self.stream))
+
+
+class JetStreamPublisher:
+    """Publishes asynchronously and waits for every acknowledgement before the next
+    round (JetStream acknowledges each stored message)."""
+
+    def __init__(self, url: str, stream: str, subject: str | None = None) -> None:
+        from pipelines.runtime.connectors import jetstream as jsc
+
+        self.jsc = jsc
+        self.client = jsc.connection(url)
+        self.stream, self.subject = stream, subject or stream
+        jsc.ensure_stream(self.client, stream, [self.subject])
+
+    def send(self, feed: Feed, recs: workload.Records) -> None:
+        js, subject, stream = self.client.js, self.subject, self.stream
+
+        async def send_all(payloads: list[bytes]) -> None:
+            for payload in payloads:
+                await js.publish_async(subject, payload, stream=stream)
+            await js.publish_async_completed()
+
+        self.client.call(send_all(messages_for(feed, recs)))
+
+    def held(self) -> int:
+        return self.jsc.message_count(self.client, self.stream)
+
+
+# Every broker the feeder drives: its name -> how to make its publisher from the
+# command line's arguments.
+PUBLISHERS: dict[str, Callable[[argparse.Namespace], Publisher]] = {
+    "redis": lambda a: RedisPublisher(redis.Redis.from_url(a.url), a.stream),
+    "jetstream": lambda a: JetStreamPublisher(a.url, a.stream, a.subject),
+}
+DEFAULT_URLS = {"redis": "redis://127.0.0.1:6379/0", "jetstream": "nats://127.0.0.1:4222"}
+
+
+def publish(publisher: Publisher, stream: str, feed: Feed,
+            say: Callable[[str], None] = print, progress_every_s: float = 5.0,
+            clock: Callable[[], float] = time.time,
+            stop: Callable[[], bool] = lambda: False) -> int:
+    """Publish ``feed`` on its schedule, until it is done or ``stop()``; returns the
+    records sent."""
     spec = feed.spec()
     schedule, keys = spec.schedule(), spec.key_distribution()
     t0 = clock()
@@ -95,21 +176,23 @@ def publish_redis(r: redis.Redis, stream: str, feed: Feed,
         if feed.records:
             due = min(due, feed.records)
         if due > sent:
-            recs = workload.generate(feed.seed, sent, due, schedule, keys, t0)
-            pipe = r.pipeline(transaction=False)
-            for entry in entries_for(feed, recs):
-                pipe.xadd(stream, entry)
-            pipe.execute()
+            publisher.send(feed, workload.generate(feed.seed, sent, due, schedule, keys, t0))
             sent = due
         done = ((feed.records and sent >= feed.records)
                 or (feed.seconds and now >= feed.seconds) or stop())
         if clock() - said >= progress_every_s or done:
             said = clock()
             say(f"feed: {sent:,} records in {now:,.1f} s "
-                f"({sent / max(now, 1e-9):,.0f}/s), stream {stream} holds {r.xlen(stream):,}")
+                f"({sent / max(now, 1e-9):,.0f}/s), stream {stream} holds "
+                f"{publisher.held():,}")
         if done:
             return sent
         time.sleep(BATCH_S)
+
+
+def publish_redis(r: redis.Redis, stream: str, feed: Feed, **kwargs: Any) -> int:
+    """``publish`` into a Redis stream."""
+    return publish(RedisPublisher(r, stream), stream, feed, **kwargs)
 
 
 def _json_arg(text: str, what: str) -> dict:
@@ -126,18 +209,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.feed",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="broker", required=True)
-    p = sub.add_parser("redis", help="into a Redis stream (XADD)")
-    p.add_argument("--url", default="redis://127.0.0.1:6379/0")
-    p.add_argument("--stream", required=True)
-    p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--rate", default='{"kind": "constant", "records_per_s": 1000}',
-                   help="a rate shape as in a definition's source.rate (JSON)")
-    p.add_argument("--keys", default='{"kind": "uniform", "n": 1000}',
-                   help="a key distribution as in a definition's source.keys (JSON)")
-    p.add_argument("--seconds", type=float, default=0.0, help="stop after (0: never)")
-    p.add_argument("--records", type=int, default=0, help="stop after (0: never)")
-    p.add_argument("--malformed", type=float, default=0.0,
-                   help="share of entries made bad on purpose, 0..1")
+    for broker, help_text in (("redis", "into a Redis stream (XADD)"),
+                              ("jetstream", "into a NATS JetStream stream (JSON payloads)")):
+        p = sub.add_parser(broker, help=help_text)
+        p.add_argument("--url", default=DEFAULT_URLS[broker])
+        p.add_argument("--stream", required=True)
+        if broker == "jetstream":
+            p.add_argument("--subject", default=None,
+                           help="the subject to publish on (default: the stream's name)")
+        p.add_argument("--seed", type=int, default=7)
+        p.add_argument("--rate", default='{"kind": "constant", "records_per_s": 1000}',
+                       help="a rate shape as in a definition's source.rate (JSON)")
+        p.add_argument("--keys", default='{"kind": "uniform", "n": 1000}',
+                       help="a key distribution as in a definition's source.keys (JSON)")
+        p.add_argument("--seconds", type=float, default=0.0, help="stop after (0: never)")
+        p.add_argument("--records", type=int, default=0, help="stop after (0: never)")
+        p.add_argument("--malformed", type=float, default=0.0,
+                       help="share of records made bad on purpose, 0..1")
     args = parser.parse_args(argv)
     if not 0 <= args.malformed <= 1:
         parser.error("--malformed must be between 0 and 1")
@@ -148,14 +236,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         feed.spec()
     except definition.DefinitionError as exc:
         parser.error(str(exc).replace("source.", "--", 1))
-    r = redis.Redis.from_url(args.url)
     try:
-        r.ping()
-    except redis.RedisError as exc:
-        print(f"feed: cannot reach {args.url}: {exc}", file=sys.stderr)
+        publisher = PUBLISHERS[args.broker](args)
+        publisher.held()
+    except Exception as exc:  # noqa: BLE001 - any client's failure to reach its server
+        print(f"feed: cannot reach {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     try:
-        publish_redis(r, args.stream, feed, say=lambda m: print(m, flush=True))
+        publish(publisher, args.stream, feed, say=lambda m: print(m, flush=True))
     except KeyboardInterrupt:
         return 130
     return 0

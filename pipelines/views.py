@@ -216,14 +216,24 @@ def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 def _source_facts(run: Run) -> dict[str, Any]:
-    """The run's source type, and a broker source's dead-letter stream."""
+    """The run's source type, where its records' latency is measured from, and where
+    its dead letters go (a source whose records may not convert)."""
     source = (run.pipeline_version.definition or {}).get("source") or {}
     kind = source.get("type", "generator") if isinstance(source, dict) else "generator"
-    facts: dict[str, Any] = {"source_type": kind}
+    facts: dict[str, Any] = {"source_type": kind, "latency_from": "the scheduled emission"}
+    if kind in pdef.BROKER_SOURCES:
+        facts["latency_from"] = "the broker's timestamp"
+    elif kind == "files":
+        facts["latency_from"] = "the file's arrival"
+        facts["dead_letter_stream"] = "dead-letters.jsonl in the run's folder"
     if kind == "redis_stream":
         from pipelines.runtime.connectors import redis_stream as rs
 
         facts["dead_letter_stream"] = rs.dead_letter_stream(str(source.get("stream", "")))
+    elif kind == "jetstream":
+        from pipelines.runtime.connectors import jetstream as jsc
+
+        facts["dead_letter_stream"] = jsc.dead_letter_stream(str(source.get("stream", "")))
     return facts
 
 

@@ -74,17 +74,20 @@ def place() -> Iterator[Place]:
 
 
 class Feeder:
-    """The feeder's publisher in a thread, until stopped."""
+    """The feeder's publisher in a thread, until stopped (into a Redis stream, or into
+    any ``feeder.Publisher``)."""
 
-    def __init__(self, r: redis.Redis, stream: str, feed: feeder.Feed) -> None:
+    def __init__(self, r: redis.Redis | feeder.Publisher, stream: str,
+                 feed: feeder.Feed) -> None:
         self.stop = threading.Event()
         self.sent = 0
         self.error: BaseException | None = None
+        publisher = feeder.RedisPublisher(r, stream) if isinstance(r, redis.Redis) else r
 
         def run() -> None:
             try:
-                self.sent = feeder.publish_redis(r, stream, feed, say=lambda _m: None,
-                                                 stop=self.stop.is_set)
+                self.sent = feeder.publish(publisher, stream, feed, say=lambda _m: None,
+                                           stop=self.stop.is_set)
             except BaseException as exc:  # reported by the test
                 self.error = exc
 
@@ -204,6 +207,81 @@ def test_a_runner_sigkilled_mid_run_resumes_and_writes_each_batch_to_postgres_on
     # The ledger holds exactly the committed batches: none written twice (its key),
     # none written that the checkpoint did not commit in the end.
     assert set(_ledger(table, t0)) == _committed(work / "checkpoint")
+
+
+NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+
+
+def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
+        tmp_path: Path, spark_cluster: Any) -> None:
+    """JetStream's sequences as offsets, its timestamps as emission times, the dead
+    letters in the stream beside it, the output a Parquet dataset under the files root:
+    across a scale-up with migration, the dataset holds each committed batch once and
+    each key's last update equals the count over every good message."""
+    from pipelines.runtime.connectors import jetstream as jsc
+    from pipelines.runtime.connectors.parquet_sink import ParquetSink
+
+    import shutil
+
+    from pipelines.runtime import connectors
+
+    # (the runner, warm since the session began, has the session's files root)
+    stream = f"SW_TEST_{uuid.uuid4().hex[:8]}"
+    dataset = f"tests/{stream.lower()}"
+    doc = {"source": {"type": "jetstream", "url": NATS_URL, "stream": stream,
+                      "partitions": 2, "rate": {"kind": "constant", "records_per_s": RATE},
+                      "keys": {"kind": "zipf", "n": 300, "s": 1.0}},
+           "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
+                          "field": "value"}],
+           "sink": {"type": "parquet", "path": dataset, "keep_output": True},
+           "key_groups": 4}
+    spec = definition.validate(doc)
+    feed = feeder.Feed(seed=4, rate={"kind": "constant", "records_per_s": RATE},
+                       keys={"kind": "zipf", "n": 300, "s": 1.0}, malformed=MALFORMED)
+    client = jsc.connection(NATS_URL)
+    source = jsc.JetStreamSource(NATS_URL, stream)
+    try:
+        publisher = Feeder(feeder.JetStreamPublisher(NATS_URL, stream), stream, feed)
+        run = RunnerProcess(tmp_path / "run", spark_cluster.master_url, doc,
+                            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                            token="jetstream-source", max_workers=2, initial_workers=1)
+        with publisher, run:
+            run.wait_batches(3)
+            up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
+            assert up["ok"], up["message"]
+            assert up["migration"]["groups_moved"] >= 1
+            run.wait_batches(2)
+            total = publisher.finish()
+            run.wait_until(lambda: run.metrics and (run.metrics[-1].get("source_end") or 0)
+                           >= jsc.end_offset(client, stream), 600,
+                           "the run to read the whole stream")
+            # The dead-letter count reaches the run's metrics (the page's counter).
+            run.wait_until(lambda: run.metrics and run.metrics[-1].get("dead_letters"),
+                           120, "a dead-letter count in the run's metrics")
+        report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
+        assert report.ok, report.problems
+        sink = ParquetSink.for_run(spec.sink, run.t0, ("key",))
+        assert sink.directory.parent == connectors.files_root() / dataset
+        assert report.sink_rows and report.sink_rows > 100
+        assert set(sink.written_epochs()) == _committed(run.work / "checkpoint")
+
+        kinds = feeder.malformed_kind(feed.seed, np.arange(total, dtype=np.int64),
+                                      MALFORMED)
+        bad = {i + 1 for i in np.flatnonzero(kinds >= 0)}  # sequences start at 1
+        letters = jsc.dead_letters(client, source)
+        assert sorted(x["source_seq"] for x in letters) == sorted(bad)  # each once
+        reasons = {x["reason"].split(":")[0] for x in letters}
+        assert reasons == {"no field 'value'", "field 'value' is not a double",
+                           "not JSON"}, reasons
+        assert report.records == total - len(bad)
+        assert max(m.get("dead_letters") or 0 for m in run.metrics) <= len(bad)
+    finally:
+        shutil.rmtree(connectors.files_root() / dataset, ignore_errors=True)
+        for name in (stream, source.dead_letter_stream):
+            try:
+                client.call(client.js.delete_stream(name))
+            except Exception:  # noqa: BLE001 - never made
+                pass
 
 
 def _ledger(table: str, t0: float) -> dict[int, int]:

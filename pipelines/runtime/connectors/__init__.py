@@ -10,9 +10,12 @@ have. For the generator that is its rate schedule; for a broker it is the broker
 clock and newest entry, and no schedule."""
 from __future__ import annotations
 
+import bisect
+import os
 import time
 from collections.abc import Callable
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 
 from pipelines.runtime.spec import definition
@@ -27,55 +30,143 @@ class OffsetClock(Protocol):
         where nothing schedules it (a broker: its measured input rate stands in)."""
 
 
-class RedisStreamClock:
-    """A Redis stream's offsets are packed entry IDs, which carry the server's clock:
-    the input by ``t`` is the entry IDs up to that millisecond, but no further than the
-    stream's newest entry (an idle stream has no input waiting). The newest entry is
-    asked for at most every ``REFRESH_S``."""
+def files_root() -> Path:
+    """The folder under which a definition's relative paths (a files source's
+    directory, a Parquet sink's) lie: ``STREAMWISE_FILES_ROOT``, else ``files/`` in the
+    product's var folder. A definition cannot name a path outside it."""
+    explicit = os.environ.get("STREAMWISE_FILES_ROOT")
+    if explicit:
+        return Path(explicit)
+    var = os.environ.get("STREAMWISE_VAR")
+    return (Path(var) if var else Path(__file__).resolve().parents[3] / "var") / "files"
+
+
+# Every sink a definition may name besides the latency sink: its ``sink.type`` -> the
+# class that writes it (module:class, with ``for_run(params, t0, key_columns)`` and
+# ``writer()``: the function the run's sink calls with each batch's rows and epoch).
+SINKS: dict[str, str] = {
+    "postgres": "pipelines.runtime.connectors.postgres_sink:PostgresSink",
+    "parquet": "pipelines.runtime.connectors.parquet_sink:ParquetSink",
+}
+
+
+def sink_for_run(spec: definition.PipelineSpec, t0: float) -> Any | None:
+    """The run's own sink (``SINKS``), or None for the latency sink alone. A keyed
+    aggregate's update-mode output is upserted by key."""
+    kind = spec.sink.get("type")
+    if kind not in SINKS:
+        return None
+    import importlib
+
+    module, _, name = SINKS[kind].partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls.for_run(spec.sink, t0,
+                       key_columns=("key",) if spec.output_mode == "update" else ())
+
+
+class BrokerClock:
+    """A broker's input by a time: its newest offset, asked for at most every
+    ``REFRESH_S``, and what it was at earlier times (the ends seen, kept for
+    ``HISTORY_S``), so that "how much arrived in the last few seconds" has an answer
+    where the offsets carry no time (a JetStream sequence)."""
 
     REFRESH_S = 0.2
+    HISTORY_S = 600.0
 
     def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
                  ) -> None:
-        from pipelines.runtime.connectors import redis_stream as rs
-
-        self.rs = rs
-        self.source = rs.stream_source(spec)
+        self.spec = spec
         # The run's start, or how to read it (a runner learns it after its metrics exist).
         self._t0 = t0
-        self._end = (0, -1e18)  # (offset, when read)
+        self._seen: list[tuple[float, int]] = []  # (epoch seconds, newest end), in order
 
     @property
     def t0(self) -> float:
         return self._t0() if callable(self._t0) else self._t0
 
+    def _read_end(self) -> int:
+        raise NotImplementedError
+
     def _newest_end(self) -> int:
-        now = time.monotonic()
-        if now - self._end[1] > self.REFRESH_S:
-            conn = self.rs.connection(self.source.url)
-            self._end = (self.rs.end_offset(conn, self.source.stream), now)
-        return self._end[0]
+        now = time.time()
+        if not self._seen or now - self._seen[-1][0] > self.REFRESH_S:
+            self._seen.append((now, self._read_end()))
+            if self._seen[0][0] < now - self.HISTORY_S:
+                del self._seen[:bisect.bisect_left(self._seen, (now - self.HISTORY_S,))]
+        return self._seen[-1][1]
 
     def records_by(self, t: float) -> int:
-        ms = max(0, int((self.t0 + t) * 1000))
-        return min(ms << self.rs.SEQ_BITS, self._newest_end())
+        newest = self._newest_end()
+        at = self.t0 + t
+        if at >= self._seen[-1][0] - self.REFRESH_S:
+            return newest
+        i = bisect.bisect_right(self._seen, (at, float("inf")))
+        return self._seen[max(0, i - 1)][1]
 
     def rate_at(self, t: float) -> float | None:
         return None
 
 
+class RedisStreamClock(BrokerClock):
+    """A Redis stream's offsets are packed entry IDs, which carry the server's clock:
+    the input by ``t`` is the entry IDs up to that millisecond, but no further than the
+    stream's newest entry (an idle stream has no input waiting)."""
+
+    def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
+                 ) -> None:
+        from pipelines.runtime.connectors import redis_stream as rs
+
+        super().__init__(spec, t0)
+        self.rs = rs
+        self.source = rs.stream_source(spec)
+
+    def _read_end(self) -> int:
+        return self.rs.end_offset(self.rs.connection(self.source.url), self.source.stream)
+
+    def records_by(self, t: float) -> int:
+        ms = max(0, int((self.t0 + t) * 1000))
+        return min(ms << self.rs.SEQ_BITS, self._newest_end())
+
+
+class JetStreamClock(BrokerClock):
+    """A JetStream stream's offsets are sequences: the input by a time is the last
+    sequence seen by then."""
+
+    def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
+                 ) -> None:
+        from pipelines.runtime.connectors import jetstream as jsc
+
+        super().__init__(spec, t0)
+        self.jsc = jsc
+        self.source = jsc.stream_source(spec)
+
+    def _read_end(self) -> int:
+        return self.jsc.end_offset(self.jsc.connection(self.source.url), self.source.stream)
+
+
 def dead_letter_counter(spec: definition.PipelineSpec) -> Callable[[], int | None] | None:
     """A function that counts the run's dead letters so far (None for a source that
     has none: the generator's records always convert)."""
-    if spec.source_type != "redis_stream":
-        return None
-    from pipelines.runtime.connectors import redis_stream as rs
+    if spec.source_type == "redis_stream":
+        from pipelines.runtime.connectors import redis_stream as rs
 
-    source = rs.stream_source(spec)
+        source = rs.stream_source(spec)
+
+        def read() -> int:
+            return rs.dead_letter_count(rs.connection(source.url), source)
+    elif spec.source_type == "jetstream":
+        from pipelines.runtime.connectors import jetstream as jsc
+
+        js_source = jsc.stream_source(spec)
+
+        def read() -> int:
+            return jsc.dead_letter_count(jsc.connection(js_source.url), js_source)
+    else:
+        return None
 
     def count() -> int | None:
         try:
-            return rs.dead_letter_count(rs.connection(source.url), source)
+            return read()
         except Exception:  # noqa: BLE001 - a count missing for a batch, not a failed run
             return None
 
@@ -87,4 +178,6 @@ def offset_clock(spec: definition.PipelineSpec, t0: float | Callable[[], float]
     """The input's reach in the run's offsets, and its scheduled rate (module docstring)."""
     if spec.source_type == "redis_stream":
         return RedisStreamClock(spec, t0)
+    if spec.source_type == "jetstream":
+        return JetStreamClock(spec, t0)
     return spec.schedule()

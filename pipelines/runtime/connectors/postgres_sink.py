@@ -60,6 +60,23 @@ class PostgresSink:
     def connect(self) -> psycopg.Connection:
         return psycopg.connect(self.url, connect_timeout=10)
 
+    def writer(self) -> Any:
+        """The function the run's sink calls with each batch (table, epoch): one
+        connection the query generations share, opened again after a failed write
+        (Spark retries the batch)."""
+        held: list[psycopg.Connection] = []
+
+        def write(table: Any, epoch: int) -> bool:
+            if not held or held[0].closed:
+                held[:] = [self.connect()]
+            try:
+                return self.write(held[0], table, epoch)
+            except Exception:
+                held[0].close()
+                raise
+
+        return write
+
     def ensure(self, conn: psycopg.Connection, columns: Sequence[tuple[str, str]]) -> None:
         """The ledger and the table (columns: (name, PostgreSQL type)), if missing."""
         conn.execute(sql.SQL(

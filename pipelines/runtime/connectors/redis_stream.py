@@ -1,6 +1,6 @@
 """A Redis stream as a replayable source: offsets, reads, parsing and dead letters.
 
-No Spark here (the Spark reader is ``query/redis_source.py``); the verifier, the feeder
+No Spark here (the Spark reader is ``query/broker_source.py``); the verifier, the feeder
 and the reader share it.
 
 **Offsets.** A stream entry's ID is ``<ms>-<seq>`` (milliseconds of the server's clock

@@ -140,7 +140,7 @@ class GeneratorStreamReader(DataSourceStreamReader):
 
     def _capped_end(self, begin: int, available: int, most: int) -> int:
         """The end of a batch from ``begin`` of at most ``most`` records (offsets here
-        are record indices; a broker's offsets are not dense: ``redis_source``)."""
+        are record indices; a broker's offsets are not dense: ``broker_source``)."""
         return min(available, begin + most)
 
     def _agree(self, begin: int, end: int) -> int:
@@ -251,11 +251,12 @@ class GeneratorDataSource(DataSource):
 # Every source a definition may name: its ``source.type`` -> the Python data source
 # class that reads it (module:class, imported when a query is built: a Redis client or
 # a NEXMark model loads only where it is used). A Kafka source would be one more line
-# and one module like ``redis_source``.
+# and one class like ``broker_source.RedisStreamReader``.
 DATA_SOURCES: dict[str, str] = {
     "generator": "pipelines.runtime.query.source:GeneratorDataSource",
     "nexmark": "pipelines.runtime.query.nexmark_source:NexmarkDataSource",
-    "redis_stream": "pipelines.runtime.query.redis_source:RedisStreamDataSource",
+    "redis_stream": "pipelines.runtime.query.broker_source:RedisStreamDataSource",
+    "jetstream": "pipelines.runtime.query.broker_source:JetStreamDataSource",
 }
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipelines.runtime import bus as busmod
+from pipelines.runtime import connectors
 from pipelines.runtime.spec import definition
 from pipelines.runtime.elastic import migration as elastic
 from pipelines.runtime.host import frequency
@@ -398,27 +399,11 @@ class Runner:
 
     # ------------------------------------------------------------------ re-plan
     def _sink_writer(self, spec: definition.PipelineSpec) -> Callable[[Any, int], Any] | None:
-        """The pipeline's own sink, if it has one besides the latency sink: a PostgreSQL
-        table written once per output batch, on one connection the generations share
-        (opened again after a failed write)."""
-        if spec.sink.get("type") != "postgres":
-            return None
-        from pipelines.runtime.connectors.postgres_sink import PostgresSink
-
-        sink = PostgresSink.for_run(
-            spec.sink, self.t0, key_columns=("key",) if spec.output_mode == "update" else ())
-        held: list[Any] = []
-
-        def write(table: Any, epoch: int) -> bool:
-            if not held or held[0].closed:
-                held[:] = [sink.connect()]
-            try:
-                return sink.write(held[0], table, epoch)
-            except Exception:
-                held[0].close()  # the next try opens a new one; Spark retries the batch
-                raise
-
-        return write
+        """The pipeline's own sink, if it has one besides the latency sink
+        (``connectors.SINKS``: a PostgreSQL table, a Parquet dataset), written once per
+        output batch; the generations share it."""
+        sink = connectors.sink_for_run(spec, self.t0)
+        return sink.writer() if sink is not None else None
 
     def replan(self, args: dict[str, Any]) -> tuple[bool, str, dict[str, Any]]:
         """A live re-plan (``handover.ReplanHandover``)."""

@@ -40,16 +40,22 @@ FILTER_OPS = ("<", "<=", ">", ">=", "==", "!=")
 MAP_FNS = ("scale", "add", "abs", "square", "round")
 AGGREGATES = ("count", "sum", "max", "mean")
 STATEFUL_TYPES = ("keyed_aggregate", "hft_window")
-# A chain's sources: records from the deterministic generator, or a Redis stream's
-# entries (``connectors/redis_stream.py``).
-CHAIN_SOURCES = ("generator", "redis_stream")
+# A chain's sources: records from the deterministic generator, a Redis stream's entries
+# or a NATS JetStream stream's messages (``connectors/``).
+CHAIN_SOURCES = ("generator", "redis_stream", "jetstream")
+BROKER_SOURCES = ("redis_stream", "jetstream")
 # A chain's sinks: the latency sink (rows counted, or kept as Parquet for the verifier),
-# or a PostgreSQL table written once per batch (``connectors/postgres_sink.py``).
-CHAIN_SINKS = ("latency", "postgres")
+# a PostgreSQL table or a Parquet dataset, each written once per batch (``connectors/``).
+CHAIN_SINKS = ("latency", "postgres", "parquet")
+# A Parquet sink's directory: relative, under the files root (``connectors.files_root``).
+RELATIVE_PATH = re.compile(r"^(?!/)(?!.*(?:^|/)\.\.(?:/|$))[A-Za-z0-9_./-]{1,200}$")
+# A JetStream stream's name: no whitespace, ".", "*", ">" or path separators
+# (docs.nats.io, "Naming Streams, Consumers, and Accounts"); kept to a safe alphabet.
+JETSTREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 # The table of every PostgreSQL sink's written batches, which no pipeline may write to.
 POSTGRES_LEDGER = "streamwise_sink_batches"
 POSTGRES_TABLE = re.compile(r"^(?:[a-z_][a-z0-9_]{0,62}\.)?[a-z_][a-z0-9_]{0,62}$")
-REDIS_FIELD_TYPES = ("long", "double", "string")
+FIELD_TYPES = ("long", "double", "string")
 STATE_STORES = ("rocksdb", "hdfs")
 FIELDS = ("key", "value")
 MAX_RATE = 50_000_000.0
@@ -126,7 +132,7 @@ class PipelineSpec:
     raw: dict[str, Any] = field(default_factory=dict, compare=False)
     # A dataflow pipeline (``dataflow.py``): its DAG; ``operators`` is then empty.
     graph: dataflow.Graph | None = field(default=None, compare=False)
-    source_type: str = "generator"  # or "nexmark", "redis_stream"
+    source_type: str = "generator"  # or "nexmark", "redis_stream", "jetstream"
     nexmark: dict[str, Any] = field(default_factory=dict)  # NexmarkConfig overrides
     watermark_s: int = 0
     reference: str | None = None  # e.g. "nexmark:Q3": what the verifier compares with
@@ -533,10 +539,10 @@ def _validate(doc: Any) -> PipelineSpec:
         raise DefinitionError("source", "is required")
     src = _obj(doc["source"], "source")
     source_type = _choice(src, "type", "source", CHAIN_SOURCES, default="generator")
-    if source_type == "redis_stream":
+    if source_type in BROKER_SOURCES:
         _allowed(src, "source", {"type", "url", "stream", "fields", "partitions", "rate",
                                  "keys"})
-        broker = _validate_redis_stream(src, "source")
+        broker = _validate_broker_stream(src, "source", source_type)
         # The rate and key space a stream is expected to carry (modelled: what a run
         # plans with before it has measured the stream), as a generator's.
         source = _source_fields({"rate": {"kind": "constant", "records_per_s": 1000},
@@ -561,17 +567,23 @@ def _validate(doc: Any) -> PipelineSpec:
 
     sink = _obj(doc.get("sink", {"type": "latency"}), "sink")
     sink_type = _choice(sink, "type", "sink", CHAIN_SINKS, default="latency")
-    _allowed(sink, "sink", {"type", "keep_output"} | ({"url", "table"}
-                                                     if sink_type == "postgres" else set()))
+    _allowed(sink, "sink", {"type", "keep_output"} | {"postgres": {"url", "table"},
+                                                      "parquet": {"path"}}.get(sink_type, set()))
     keep_output = sink.get("keep_output", True)
     if not isinstance(keep_output, bool):
         raise DefinitionError("sink.keep_output", "must be true or false")
     sink_doc: dict[str, Any] = {"type": sink_type, "keep_output": keep_output}
     if sink_type == "postgres":
         sink_doc.update(_validate_postgres_sink(sink, "sink"))
+    elif sink_type == "parquet":
+        path = sink.get("path")
+        if not isinstance(path, str) or not RELATIVE_PATH.match(path):
+            raise DefinitionError("sink.path", "must be a relative directory (under the "
+                                  "files root) of letters, digits, _ . - and /, without ..")
+        sink_doc["path"] = path
     options = _run_options(doc)
-    if source_type == "redis_stream" and ops[stateful[0]].type != "keyed_aggregate":
-        raise DefinitionError(f"operators[{stateful[0]}]", "a redis_stream source feeds a "
+    if source_type in BROKER_SOURCES and ops[stateful[0]].type != "keyed_aggregate":
+        raise DefinitionError(f"operators[{stateful[0]}]", f"a {source_type} source feeds a "
                               "keyed_aggregate so far (its verifier and re-plan read the "
                               "stream again); hft_window reads the generator")
     if ops[stateful[0]].type == "hft_window" and options["state_store"] != "rocksdb":
@@ -627,15 +639,22 @@ def _validate_postgres_sink(sink: dict[str, Any], path: str) -> dict[str, Any]:
     return {"url": url, "table": table}
 
 
-def _validate_redis_stream(src: dict[str, Any], path: str) -> dict[str, Any]:
-    """A ``redis_stream`` source's own fields: the server (a URL without credentials:
-    a password belongs in a connection, never in a definition), the stream, and the
-    entry fields the records take with their types. A chain's operators read ``key``
-    (long) and ``value`` (double)."""
-    url = _server_url(src, path, ("redis", "rediss", "unix"), "redis://127.0.0.1:6379/0")
+def _validate_broker_stream(src: dict[str, Any], path: str, kind: str) -> dict[str, Any]:
+    """A broker source's own fields: the server (a URL without credentials: a password
+    belongs in a connection, never in a definition), the stream, and the record fields
+    the records take with their types (a Redis entry's fields, a JetStream message's
+    JSON keys). A chain's operators read ``key`` (long) and ``value`` (double)."""
     stream = src.get("stream")
-    if not isinstance(stream, str) or not 0 < len(stream) <= 256:
-        raise DefinitionError(f"{path}.stream", "must be a stream name of 1-256 characters")
+    if kind == "jetstream":
+        url = _server_url(src, path, ("nats", "tls"), "nats://127.0.0.1:4222")
+        if not isinstance(stream, str) or not JETSTREAM_NAME.match(stream):
+            raise DefinitionError(f"{path}.stream", "must be a JetStream stream name of "
+                                  "1-200 letters, digits, _ and -")
+    else:
+        url = _server_url(src, path, ("redis", "rediss", "unix"), "redis://127.0.0.1:6379/0")
+        if not isinstance(stream, str) or not 0 < len(stream) <= 256:
+            raise DefinitionError(f"{path}.stream", "must be a stream name of 1-256 "
+                                  "characters")
     fields = _obj(src.get("fields", {"key": "long", "value": "double"}), f"{path}.fields")
     if not fields or len(fields) > 64:
         raise DefinitionError(f"{path}.fields", "must name 1-64 entry fields")
@@ -643,9 +662,9 @@ def _validate_redis_stream(src: dict[str, Any], path: str) -> dict[str, Any]:
         if not name.isidentifier() or name in ("seq", "emit_ts") or len(name) > 64:
             raise DefinitionError(f"{path}.fields.{name}", "must be an identifier of at most "
                                   "64 characters other than seq and emit_ts")
-        if kind not in REDIS_FIELD_TYPES:
+        if kind not in FIELD_TYPES:
             raise DefinitionError(f"{path}.fields.{name}", f"{json.dumps(kind)} is not one "
-                                  f"of: {', '.join(REDIS_FIELD_TYPES)}")
+                                  f"of: {', '.join(FIELD_TYPES)}")
     for name, kind in (("key", "long"), ("value", "double")):
         if fields.get(name) != kind:
             raise DefinitionError(f"{path}.fields", f"needs {name!r}: {json.dumps(kind)} "

@@ -463,11 +463,17 @@ def _records(spec: definition.PipelineSpec, t0: float, start: int, end: int,
     """The records of offsets ``[start, end)`` after the stateless steps: generated again,
     or read again from the broker (the entries the batch read; dead letters left out
     as the source leaves them out)."""
-    if spec.source_type == "redis_stream":
+    if spec.source_type in definition.BROKER_SOURCES:
+        from pipelines.runtime.connectors import jetstream as jsc
         from pipelines.runtime.connectors import redis_stream as rs
 
-        source = rs.stream_source(spec)
-        cols = rs.as_arrays(rs.read_range(source, start, end), source.fields)
+        if spec.source_type == "redis_stream":
+            source = rs.stream_source(spec)
+            parsed: Any = rs.read_range(source, start, end)
+        else:
+            source = jsc.stream_source(spec)
+            parsed = jsc.read_range(source, start, end)
+        cols = rs.as_arrays(parsed, source.fields)
         recs = workload.Records(seq=cols["seq"], key=cols["key"], value=cols["value"],
                                 emit_ts=cols["emit_ts"])
         out = apply_stateless(spec, recs)
@@ -562,9 +568,9 @@ def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[
                            f"batch {b}: key {int(common[i])} has records="
                            f"{int(rows['records'].iloc[i])}, agg={rows['agg'].iloc[i]!r}; "
                            f"expected {int(count[at][i])}, {want_agg[i]!r}")
-    if spec.sink.get("type") == "postgres":
+    if spec.sink.get("type") in ("postgres", "parquet"):
         final = _aggregate(agg, count, total, peak)
-        _verify_postgres_table(spec, t0, committed, table, count, final, report)
+        _verify_sink_table(spec, t0, committed, table, count, final, report)
 
 
 def _aggregate(agg: str, count: np.ndarray, total: np.ndarray, peak: np.ndarray
@@ -581,27 +587,42 @@ def _mismatched(records: pd.Series, agg: pd.Series, want_records: np.ndarray,
             | ~np.isclose(agg.to_numpy(np.float64), want_agg, rtol=RTOL, atol=RTOL))
 
 
-def _verify_postgres_table(spec: definition.PipelineSpec, t0: float, committed: list[int],
-                           table: _KeyTable, count: np.ndarray, final: np.ndarray,
-                           report: VerifyReport) -> None:
-    """A PostgreSQL sink's table against the aggregate over every committed record
-    (a key's row holds its last update), and its ledger: each output batch written
-    once (the ledger's key) and none missing."""
-    from pipelines.runtime.connectors.postgres_sink import PostgresSink
+def _sink_contents(spec: definition.PipelineSpec, t0: float
+                   ) -> tuple[str, pd.DataFrame, dict[int, int]]:
+    """The run's own sink as it stands: its name, each key's current row, and the
+    output batches it holds (epoch -> rows)."""
+    from pipelines.runtime import connectors
 
-    sink = PostgresSink.for_run(spec.sink, t0, key_columns=("key",))
-    with sink.connect() as conn:
-        names, rows = sink.read(conn)
-        written = sink.written_epochs(conn)
+    sink = connectors.sink_for_run(spec, t0)
+    if spec.sink["type"] == "postgres":
+        with sink.connect() as conn:
+            names, rows = sink.read(conn)
+            written = sink.written_epochs(conn)
+        return spec.sink["table"], pd.DataFrame(rows, columns=names), written
+    return f"Parquet {sink.directory}", sink.latest(), sink.written_epochs()
+
+
+def _verify_sink_table(spec: definition.PipelineSpec, t0: float, committed: list[int],
+                       table: _KeyTable, count: np.ndarray, final: np.ndarray,
+                       report: VerifyReport) -> None:
+    """The run's own sink (a PostgreSQL table, a Parquet dataset) against the aggregate
+    over every committed record (a key's current row holds its last update), and the
+    batches it holds: each output batch written once (the ledger's key; one file per
+    epoch) and none missing or extra."""
+    name, got, written = _sink_contents(spec, t0)
     missing_batches = sorted(set(committed) - set(written))
     if missing_batches:
-        report.problem("lost", len(missing_batches), f"the table's ledger lacks output "
-                       f"batch {missing_batches[0]} ({len(missing_batches)} in all)")
-    got = pd.DataFrame(rows, columns=names)
+        report.problem("lost", len(missing_batches), f"{name} lacks output batch "
+                       f"{missing_batches[0]} ({len(missing_batches)} in all)")
+    extra_batches = sorted(set(written) - set(committed))
+    if extra_batches:
+        report.problem("unexpected", len(extra_batches), f"{name} holds output batch "
+                       f"{extra_batches[0]} that the run never committed "
+                       f"({len(extra_batches)} in all)")
     if got.empty:
         expected_n = int((count > 0).sum())
         if expected_n:
-            report.problem("lost", expected_n, f"{spec.sink['table']} holds no row")
+            report.problem("lost", expected_n, f"{name} holds no row")
         return
     keys = got["key"].to_numpy(np.int64)
     seen = table.ids(keys)
@@ -612,18 +633,18 @@ def _verify_postgres_table(spec: definition.PipelineSpec, t0: float, committed: 
     have[seen[ok]] = True
     lost = int(((count > 0) & ~have).sum())
     if lost:
-        report.problem("lost", lost, f"{spec.sink['table']}: {lost} keys with records "
+        report.problem("lost", lost, f"{name}: {lost} keys with records "
                        "have no row")
     extra = int((~ok).sum())
     if extra:
-        report.problem("unexpected", extra, f"{spec.sink['table']}: {extra} rows for keys "
+        report.problem("unexpected", extra, f"{name}: {extra} rows for keys "
                        "without records")
     at = seen[ok]
     wrong = _mismatched(got["records"][ok], got["agg"][ok], count[at], final[at])
     if wrong.any():
         i = int(np.argmax(wrong))
         report.problem("wrong", int(wrong.sum()),
-                       f"{spec.sink['table']}: key {int(keys[ok][i])} holds "
+                       f"{name}: key {int(keys[ok][i])} holds "
                        f"records={int(got['records'].to_numpy()[ok][i])}; expected "
                        f"{int(count[at][i])}")
     report.sink_rows = len(got)
