@@ -15,6 +15,8 @@ if [ "$want_test" = 1 ]; then
   [ -x /usr/bin/chromium ] || pkgs+=(chromium)
   [ -x /usr/bin/chromedriver ] || pkgs+=(chromium-driver)
   command -v pg_ctlcluster >/dev/null 2>&1 || pkgs+=(postgresql)
+  # NATS with JetStream: the jetstream source's tests and the feeder
+  command -v nats-server >/dev/null 2>&1 || pkgs+=(nats-server)
   # `ip netns`: the multi-host test's extra hosts (tests/netns.py)
   command -v ip >/dev/null 2>&1 || pkgs+=(iproute2)
 fi

@@ -16,3 +16,16 @@ if ! pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; then
 fi
 # Trust auth on loopback is how this machine's PostgreSQL is set up; if a password is
 # needed, set PG_TEST_URL.
+# NATS with JetStream (the jetstream source): the machine's own server, or one of ours
+# with its store in /tmp.
+if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+  if command -v nats-server >/dev/null 2>&1; then
+    echo "services: starting nats-server -js on 127.0.0.1:4222"
+    mkdir -p /tmp/streamwise-nats
+    setsid nats-server -js -a 127.0.0.1 -p 4222 -sd /tmp/streamwise-nats \
+      -l /tmp/streamwise-nats/nats.log >/dev/null 2>&1 < /dev/null &
+    for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && break; sleep 0.1; done
+  else
+    echo "services: no NATS on 127.0.0.1:4222 and no nats-server (the jetstream tests fail)"
+  fi
+fi

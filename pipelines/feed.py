@@ -109,6 +109,9 @@ class Publisher(Protocol):
     def held(self) -> int:
         """How many records the stream holds now."""
 
+    def close(self) -> None:
+        """Send what is buffered (the last file)."""
+
 
 class RedisPublisher:
     def __init__(self, r: redis.Redis, stream: str) -> None:
@@ -122,6 +125,9 @@ class RedisPublisher:
 
     def held(self) -> int:
         return int(self.r.xlen(self.stream))
+
+    def close(self) -> None:
+        pass
 
 
 class JetStreamPublisher:
@@ -149,12 +155,85 @@ class JetStreamPublisher:
     def held(self) -> int:
         return self.jsc.message_count(self.client, self.stream)
 
+    def close(self) -> None:
+        pass
+
+
+def csv_rows_for(feed: Feed, recs: workload.Records) -> list[str]:
+    """The records as CSV rows under a ``key,value`` header, the malformed ones made bad:
+    a row without its value cell, a value that is not a number, a key that is not an
+    integer."""
+    kinds = malformed_kind(feed.seed, recs.seq, feed.malformed)
+    out = []
+    for key, value, kind in zip(recs.key.tolist(), recs.value.tolist(), kinds.tolist()):
+        out.append({0: f"{key}", 1: f"{key},not-a-number", 2: f"x{key},{value!r}"}
+                   .get(kind, f"{key},{value!r}"))
+    return out
+
+
+class FilesPublisher:
+    """Writes a file every ``file_s`` seconds into a folder under the files root (JSON
+    Lines, CSV or Parquet), each written beside it and renamed in, so a reader never
+    sees half a file. A Parquet file's columns are typed: its malformed records are
+    left out (a typed column cannot hold a bad value)."""
+
+    def __init__(self, path: str, fmt: str = "jsonl", file_s: float = 1.0) -> None:
+        from pipelines.runtime import connectors
+
+        self.directory = connectors.files_root() / path
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.format, self.file_s = fmt, file_s
+        self.pending: list[tuple[Feed, workload.Records]] = []
+        self.since = time.time()
+        self.written = 0
+        self.records = 0
+
+    def send(self, feed: Feed, recs: workload.Records) -> None:
+        self.pending.append((feed, recs))
+        if time.time() - self.since >= self.file_s:
+            self.close()
+
+    def close(self) -> None:
+        if not self.pending:
+            return
+        import os
+
+        name = f"part-{time.time_ns()}-{self.written:06d}.{self.format}"
+        tmp = self.directory / f".{name}.tmp"
+        if self.format == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            keys, values = [], []
+            for feed, recs in self.pending:
+                good = malformed_kind(feed.seed, recs.seq, feed.malformed) < 0
+                keys += recs.key[good].tolist()
+                values += recs.value[good].tolist()
+            pq.write_table(pa.table({"key": pa.array(keys, pa.int64()),
+                                     "value": pa.array(values, pa.float64())}), tmp)
+            self.records += len(keys)
+        else:
+            lines = ["key,value"] if self.format == "csv" else []
+            for feed, recs in self.pending:
+                lines += (csv_rows_for(feed, recs) if self.format == "csv"
+                          else [m.decode() for m in messages_for(feed, recs)])
+                self.records += len(recs.seq)
+            tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, self.directory / name)
+        self.written += 1
+        self.pending = []
+        self.since = time.time()
+
+    def held(self) -> int:
+        return self.records
+
 
 # Every broker the feeder drives: its name -> how to make its publisher from the
 # command line's arguments.
 PUBLISHERS: dict[str, Callable[[argparse.Namespace], Publisher]] = {
     "redis": lambda a: RedisPublisher(redis.Redis.from_url(a.url), a.stream),
     "jetstream": lambda a: JetStreamPublisher(a.url, a.stream, a.subject),
+    "files": lambda a: FilesPublisher(a.path, a.format, a.file_seconds),
 }
 DEFAULT_URLS = {"redis": "redis://127.0.0.1:6379/0", "jetstream": "nats://127.0.0.1:4222"}
 
@@ -180,6 +259,8 @@ def publish(publisher: Publisher, stream: str, feed: Feed,
             sent = due
         done = ((feed.records and sent >= feed.records)
                 or (feed.seconds and now >= feed.seconds) or stop())
+        if done:
+            publisher.close()
         if clock() - said >= progress_every_s or done:
             said = clock()
             say(f"feed: {sent:,} records in {now:,.1f} s "
@@ -210,10 +291,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="broker", required=True)
     for broker, help_text in (("redis", "into a Redis stream (XADD)"),
-                              ("jetstream", "into a NATS JetStream stream (JSON payloads)")):
+                              ("jetstream", "into a NATS JetStream stream (JSON payloads)"),
+                              ("files", "files into a folder under the files root")):
         p = sub.add_parser(broker, help=help_text)
-        p.add_argument("--url", default=DEFAULT_URLS[broker])
-        p.add_argument("--stream", required=True)
+        if broker == "files":
+            p.add_argument("--path", required=True,
+                           help="the folder, relative to the files root (as a definition's "
+                           "source.path)")
+            p.add_argument("--format", choices=definition.FILE_FORMATS, default="jsonl")
+            p.add_argument("--file-seconds", type=float, default=1.0,
+                           help="a file every so many seconds")
+        else:
+            p.add_argument("--url", default=DEFAULT_URLS[broker])
+            p.add_argument("--stream", required=True)
         if broker == "jetstream":
             p.add_argument("--subject", default=None,
                            help="the subject to publish on (default: the stream's name)")
@@ -227,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--malformed", type=float, default=0.0,
                        help="share of records made bad on purpose, 0..1")
     args = parser.parse_args(argv)
+    if args.broker == "files" and not definition.RELATIVE_PATH.match(args.path):
+        parser.error("--path must be a relative folder (under the files root) without ..")
     if not 0 <= args.malformed <= 1:
         parser.error("--malformed must be between 0 and 1")
     feed = Feed(seed=args.seed, rate=_json_arg(args.rate, "rate"),
@@ -240,10 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         publisher = PUBLISHERS[args.broker](args)
         publisher.held()
     except Exception as exc:  # noqa: BLE001 - any client's failure to reach its server
-        print(f"feed: cannot reach {args.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        where = args.path if args.broker == "files" else args.url
+        print(f"feed: cannot reach {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     try:
-        publish(publisher, args.stream, feed, say=lambda m: print(m, flush=True))
+        publish(publisher, getattr(args, "stream", None) or args.path, feed,
+                say=lambda m: print(m, flush=True))
     except KeyboardInterrupt:
         return 130
     return 0

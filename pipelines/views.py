@@ -221,11 +221,11 @@ def _source_facts(run: Run) -> dict[str, Any]:
     source = (run.pipeline_version.definition or {}).get("source") or {}
     kind = source.get("type", "generator") if isinstance(source, dict) else "generator"
     facts: dict[str, Any] = {"source_type": kind, "latency_from": "the scheduled emission"}
-    if kind in pdef.BROKER_SOURCES:
-        facts["latency_from"] = "the broker's timestamp"
-    elif kind == "files":
+    if kind == "files":
         facts["latency_from"] = "the file's arrival"
-        facts["dead_letter_stream"] = "dead-letters.jsonl in the run's folder"
+        facts["dead_letter_stream"] = "_dead-letter/ in the source's folder"
+    elif kind in pdef.BROKER_SOURCES:
+        facts["latency_from"] = "the broker's timestamp"
     if kind == "redis_stream":
         from pipelines.runtime.connectors import redis_stream as rs
 

@@ -284,6 +284,65 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
                 pass
 
 
+def test_a_folder_of_landing_files_through_a_scale_up_is_counted_exactly_once(
+        tmp_path: Path, spark_cluster: Any) -> None:
+    """JSON Lines files written by the feeder into a folder under the files root, one a
+    second, 1 % of their lines malformed: the run reads them as they land, at most two
+    per batch, through a scale-up with migration; the verifier reads each batch's files
+    again (the folder's arrival manifest fixes which), and every malformed line is in
+    the folder's dead letters once, with its reason."""
+    import shutil
+
+    from pipelines.runtime import connectors
+    from pipelines.runtime.connectors import files
+
+    folder = f"tests/landing-{uuid.uuid4().hex[:8]}"
+    doc = {"source": {"type": "files", "path": folder, "format": "jsonl",
+                      "max_files_per_trigger": 2, "partitions": 2,
+                      "rate": {"kind": "constant", "records_per_s": RATE},
+                      "keys": {"kind": "zipf", "n": 300, "s": 1.0}},
+           "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "mean",
+                          "field": "value"}],
+           "sink": {"type": "latency", "keep_output": True},
+           "key_groups": 4}
+    spec = definition.validate(doc)
+    source = files.files_source(spec)
+    feed = feeder.Feed(seed=6, rate={"kind": "constant", "records_per_s": RATE},
+                       keys={"kind": "zipf", "n": 300, "s": 1.0}, malformed=MALFORMED)
+    try:
+        publisher = Feeder(feeder.FilesPublisher(folder, "jsonl", file_s=0.5), folder,
+                           feed)
+        run = RunnerProcess(tmp_path / "run", spark_cluster.master_url, doc,
+                            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
+                            token="files-source", max_workers=2, initial_workers=1)
+        with publisher, run:
+            run.wait_batches(3)
+            up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
+            assert up["ok"], up["message"]
+            run.wait_batches(2)
+            total = publisher.finish()
+            run.wait_until(lambda: run.metrics and (run.metrics[-1].get("source_end") or 0)
+                           >= files.end_offset(source), 600,
+                           "the run to read every file")
+        report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
+        assert report.ok, report.problems
+        assert report.output_rows > 100
+        letters = files.dead_letters(source)
+        kinds = feeder.malformed_kind(feed.seed, np.arange(total, dtype=np.int64),
+                                      MALFORMED)
+        assert len(letters) == int((kinds >= 0).sum())  # each once
+        assert {x["reason"].split(":")[0] for x in letters} == {
+            "no field 'value'", "field 'value' is not a double", "not JSON"}
+        assert report.records == total - len(letters)
+        # Batches of at most two files each.
+        landed = files.landed(source, look=False)
+        ends = verify.end_offsets(run.work / "checkpoint")
+        bounds = [0] + [ends[b] for b in sorted(ends)]
+        assert len(landed) > 4 and max(b - a for a, b in zip(bounds, bounds[1:])) <= 2
+    finally:
+        shutil.rmtree(connectors.files_root() / folder, ignore_errors=True)
+
+
 def _ledger(table: str, t0: float) -> dict[int, int]:
     from pipelines.runtime.connectors.postgres_sink import PostgresSink
 

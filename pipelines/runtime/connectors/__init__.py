@@ -144,6 +144,22 @@ class JetStreamClock(BrokerClock):
         return self.jsc.end_offset(self.jsc.connection(self.source.url), self.source.stream)
 
 
+class FilesClock(BrokerClock):
+    """A directory's offsets are its landed files: the input by a time is the files
+    the manifest held by then."""
+
+    def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
+                 ) -> None:
+        from pipelines.runtime.connectors import files
+
+        super().__init__(spec, t0)
+        self.files = files
+        self.source = files.files_source(spec)
+
+    def _read_end(self) -> int:
+        return self.files.end_offset(self.source)
+
+
 def dead_letter_counter(spec: definition.PipelineSpec) -> Callable[[], int | None] | None:
     """A function that counts the run's dead letters so far (None for a source that
     has none: the generator's records always convert)."""
@@ -161,6 +177,13 @@ def dead_letter_counter(spec: definition.PipelineSpec) -> Callable[[], int | Non
 
         def read() -> int:
             return jsc.dead_letter_count(jsc.connection(js_source.url), js_source)
+    elif spec.source_type == "files":
+        from pipelines.runtime.connectors import files
+
+        files_source = files.files_source(spec)
+
+        def read() -> int:
+            return files.dead_letter_count(files_source)
     else:
         return None
 
@@ -180,4 +203,6 @@ def offset_clock(spec: definition.PipelineSpec, t0: float | Callable[[], float]
         return RedisStreamClock(spec, t0)
     if spec.source_type == "jetstream":
         return JetStreamClock(spec, t0)
+    if spec.source_type == "files":
+        return FilesClock(spec, t0)
     return spec.schedule()

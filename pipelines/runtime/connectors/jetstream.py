@@ -29,8 +29,6 @@ time: latency runs from there to the sink's commit.
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import os
 import threading
 from collections.abc import Coroutine, Mapping
@@ -42,7 +40,10 @@ import nats
 from nats.js import api
 from nats.js.errors import NotFoundError
 
+from pipelines.runtime.connectors.records import Parsed, convert, parse_object
 from pipelines.runtime.spec import definition
+
+__all__ = ["Parsed", "convert", "parse_object"]
 
 DEAD_LETTER_SUFFIX = "_DEAD_LETTER"
 DEAD_LETTER_SUBJECT = "streamwise.dead-letter."
@@ -210,58 +211,6 @@ def read(client: JetStreamClient, stream: str, start: int, end: int) -> list[Mes
     if end <= start:
         return []
     return client.call(_read(client, stream, start, end))
-
-
-@dataclass
-class Parsed:
-    """Messages parsed into columns (``seq``: the stream sequence, ``emit_ts``: the
-    server's timestamp) and the dead letters among them: (sequence, raw, reason)."""
-
-    seq: list[int] = field(default_factory=list)
-    emit_ts: list[float] = field(default_factory=list)
-    columns: dict[str, list[Any]] = field(default_factory=dict)
-    dead: list[tuple[int, bytes, str]] = field(default_factory=list)
-
-
-def convert(value: Any, kind: str) -> Any:
-    """A JSON value as a column of ``kind``; ValueError names what is wrong. JSON's
-    numbers are typed strictly: a long is an integer (not true/false, not 1.5), a double
-    any finite number, a string a string."""
-    if kind == "long":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{json.dumps(value)[:60]} is not an integer")
-        if not -(1 << 63) <= value < (1 << 63):
-            raise ValueError(f"{value} is outside a long's range")
-        return value
-    if kind == "double":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{json.dumps(value)[:60]} is not a number")
-        if not math.isfinite(value):
-            raise ValueError(f"{value} is not a finite number")
-        return float(value)
-    if not isinstance(value, str):
-        raise ValueError(f"{json.dumps(value)[:60]} is not a string")
-    return value
-
-
-def parse_object(data: bytes, fields: Mapping[str, str]) -> tuple[dict[str, Any] | None,
-                                                                    str | None]:
-    """A JSON object's declared fields, or None and the reason it is a dead letter."""
-    try:
-        doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        return None, f"not JSON: {str(exc)[:120]}"
-    if not isinstance(doc, dict):
-        return None, "not a JSON object"
-    row = {}
-    for name, kind in fields.items():
-        if name not in doc:
-            return None, f"no field {name!r}"
-        try:
-            row[name] = convert(doc[name], kind)
-        except ValueError as exc:
-            return None, f"field {name!r} is not a {kind}: {exc}"
-    return row, None
 
 
 def parse(messages: list[Message], fields: Mapping[str, str],

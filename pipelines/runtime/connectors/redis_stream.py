@@ -28,7 +28,6 @@ to the sink's commit.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -37,7 +36,10 @@ from typing import Any
 import numpy as np
 import redis
 
+from pipelines.runtime.connectors.records import Parsed, convert_text
 from pipelines.runtime.spec import definition
+
+__all__ = ["Parsed"]
 
 SEQ_BITS = 20  # entries within one millisecond: XADD * makes far fewer than a million
 SEQ_MASK = (1 << SEQ_BITS) - 1
@@ -166,30 +168,8 @@ def entries(r: redis.Redis, stream: str, start: int, end: int
         lo = pack(page[-1][0]) + 1
 
 
-@dataclass
-class Parsed:
-    """Entries parsed into columns (``seq``: packed ID, ``emit_ts``: the broker's time),
-    and the dead letters among them: (ID, raw fields, reason)."""
-
-    seq: list[int] = field(default_factory=list)
-    emit_ts: list[float] = field(default_factory=list)
-    columns: dict[str, list[Any]] = field(default_factory=dict)
-    dead: list[tuple[bytes, dict[bytes, bytes], str]] = field(default_factory=list)
-
-
 def _convert(raw: bytes, kind: str) -> Any:
-    text = raw.decode("utf-8")
-    if kind == "long":
-        value: Any = int(text)
-        if not -(1 << 63) <= value < (1 << 63):
-            raise ValueError(f"{text} is outside a long's range")
-        return value
-    if kind == "double":
-        value = float(text)
-        if not math.isfinite(value):
-            raise ValueError(f"{text} is not a finite number")
-        return value
-    return text
+    return convert_text(raw.decode("utf-8"), kind)
 
 
 def parse(page: list[tuple[bytes, dict[bytes, bytes]]], fields: Mapping[str, str],

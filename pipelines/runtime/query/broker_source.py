@@ -1,5 +1,6 @@
 """Brokers' streams as PySpark streaming Python Data Sources: a Redis stream
-(``source.type`` = ``redis_stream``) and a NATS JetStream stream (``jetstream``).
+(``source.type`` = ``redis_stream``), a NATS JetStream stream (``jetstream``), and a
+directory of files as they land (``files``, whose offsets are its arrival manifest's).
 
 A broker's offsets are integers that grow with its stream (a Redis entry's packed ID,
 a JetStream sequence: ``connectors/``), so a micro-batch reads the records in
@@ -32,6 +33,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from pipelines.runtime.connectors import files as fsc
 from pipelines.runtime.connectors import jetstream as jsc
 from pipelines.runtime.connectors import redis_stream as rs
 from pipelines.runtime.query.source import (
@@ -130,6 +132,28 @@ class JetStreamReader(BrokerStreamReader):
             yield parsed
 
 
+class FilesReader(BrokerStreamReader):
+    """A directory's landed files (``connectors/files.py``): an offset is a file, a
+    batch at most ``max_files_per_trigger`` of them, each read whole by one task."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.source = fsc.files_source(self.spec)
+
+    def _available(self) -> int:
+        return fsc.end_offset(self.source)
+
+    def _capped_end(self, begin: int, available: int, most: int) -> int:
+        return min(available, begin + self.source.max_files_per_trigger)
+
+    def _batches(self, start: int, end: int) -> Iterator[Any]:
+        files = fsc.landed(self.source, look=False)
+        for f in files[start:end]:
+            parsed = fsc.read_file(self.source, f)
+            fsc.write_dead_letters(self.source, f, parsed.dead)
+            yield parsed
+
+
 class BrokerDataSource(GeneratorDataSource):
     @classmethod
     def schema_of(cls, spec: definition.PipelineSpec) -> StructType:
@@ -144,3 +168,8 @@ class RedisStreamDataSource(BrokerDataSource):
 class JetStreamDataSource(BrokerDataSource):
     source_name = "streamwise_jetstream"
     reader = JetStreamReader
+
+
+class FilesDataSource(BrokerDataSource):
+    source_name = "streamwise_files"
+    reader = FilesReader

@@ -257,6 +257,7 @@ DATA_SOURCES: dict[str, str] = {
     "nexmark": "pipelines.runtime.query.nexmark_source:NexmarkDataSource",
     "redis_stream": "pipelines.runtime.query.broker_source:RedisStreamDataSource",
     "jetstream": "pipelines.runtime.query.broker_source:JetStreamDataSource",
+    "files": "pipelines.runtime.query.broker_source:FilesDataSource",
 }
 
 

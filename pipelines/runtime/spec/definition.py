@@ -42,8 +42,11 @@ AGGREGATES = ("count", "sum", "max", "mean")
 STATEFUL_TYPES = ("keyed_aggregate", "hft_window")
 # A chain's sources: records from the deterministic generator, a Redis stream's entries
 # or a NATS JetStream stream's messages (``connectors/``).
-CHAIN_SOURCES = ("generator", "redis_stream", "jetstream")
-BROKER_SOURCES = ("redis_stream", "jetstream")
+CHAIN_SOURCES = ("generator", "redis_stream", "jetstream", "files")
+# Sources whose records are read again from outside (their offsets replayable).
+BROKER_SOURCES = ("redis_stream", "jetstream", "files")
+FILE_FORMATS = ("jsonl", "csv", "parquet")
+MAX_FILES_PER_TRIGGER = 10_000
 # A chain's sinks: the latency sink (rows counted, or kept as Parquet for the verifier),
 # a PostgreSQL table or a Parquet dataset, each written once per batch (``connectors/``).
 CHAIN_SINKS = ("latency", "postgres", "parquet")
@@ -539,14 +542,20 @@ def _validate(doc: Any) -> PipelineSpec:
         raise DefinitionError("source", "is required")
     src = _obj(doc["source"], "source")
     source_type = _choice(src, "type", "source", CHAIN_SOURCES, default="generator")
-    if source_type in BROKER_SOURCES:
+    if source_type == "files":
+        _allowed(src, "source", {"type", "path", "format", "fields", "max_files_per_trigger",
+                                 "partitions", "rate", "keys"})
+        broker = _validate_files_source(src, "source")
+    elif source_type in BROKER_SOURCES:
         _allowed(src, "source", {"type", "url", "stream", "fields", "partitions", "rate",
                                  "keys"})
         broker = _validate_broker_stream(src, "source", source_type)
+    if source_type in BROKER_SOURCES:
         # The rate and key space a stream is expected to carry (modelled: what a run
         # plans with before it has measured the stream), as a generator's.
         source = _source_fields({"rate": {"kind": "constant", "records_per_s": 1000},
-                                 **src, "type": "generator"}, "source")
+                                 **{k: v for k, v in src.items()
+                                    if k in ("partitions", "rate", "keys")}}, "source")
     else:
         _allowed(src, "source", {"type", "seed", "partitions", "rate", "keys"})
         broker = {}
@@ -576,11 +585,7 @@ def _validate(doc: Any) -> PipelineSpec:
     if sink_type == "postgres":
         sink_doc.update(_validate_postgres_sink(sink, "sink"))
     elif sink_type == "parquet":
-        path = sink.get("path")
-        if not isinstance(path, str) or not RELATIVE_PATH.match(path):
-            raise DefinitionError("sink.path", "must be a relative directory (under the "
-                                  "files root) of letters, digits, _ . - and /, without ..")
-        sink_doc["path"] = path
+        sink_doc["path"] = _relative_path(sink, "sink")
     options = _run_options(doc)
     if source_type in BROKER_SOURCES and ops[stateful[0]].type != "keyed_aggregate":
         raise DefinitionError(f"operators[{stateful[0]}]", f"a {source_type} source feeds a "
@@ -639,6 +644,29 @@ def _validate_postgres_sink(sink: dict[str, Any], path: str) -> dict[str, Any]:
     return {"url": url, "table": table}
 
 
+def _relative_path(doc: dict[str, Any], path: str) -> str:
+    """A folder under the files root (``connectors.files_root``): a definition never
+    names a place outside it."""
+    value = doc.get("path")
+    if not isinstance(value, str) or not RELATIVE_PATH.match(value):
+        raise DefinitionError(f"{path}.path", "must be a relative directory (under the "
+                              "files root) of letters, digits, _ . - and /, without ..")
+    return value
+
+
+def _validate_files_source(src: dict[str, Any], path: str) -> dict[str, Any]:
+    """A ``files`` source: the folder, its files' format, the fields the records take,
+    and how many files a batch reads at most."""
+    folder = _relative_path(src, path)
+    fmt = _choice(src, "format", path, FILE_FORMATS, default="jsonl")
+    most = src.get("max_files_per_trigger", 10)
+    if isinstance(most, bool) or not isinstance(most, int) or not 1 <= most <= MAX_FILES_PER_TRIGGER:
+        raise DefinitionError(f"{path}.max_files_per_trigger",
+                              f"must be an integer from 1 to {MAX_FILES_PER_TRIGGER}")
+    return {"path": folder, "format": fmt, "max_files_per_trigger": most,
+            "fields": _record_fields(src, path)}
+
+
 def _validate_broker_stream(src: dict[str, Any], path: str, kind: str) -> dict[str, Any]:
     """A broker source's own fields: the server (a URL without credentials: a password
     belongs in a connection, never in a definition), the stream, and the record fields
@@ -655,6 +683,12 @@ def _validate_broker_stream(src: dict[str, Any], path: str, kind: str) -> dict[s
         if not isinstance(stream, str) or not 0 < len(stream) <= 256:
             raise DefinitionError(f"{path}.stream", "must be a stream name of 1-256 "
                                   "characters")
+    return {"url": url, "stream": stream, "fields": _record_fields(src, path)}
+
+
+def _record_fields(src: dict[str, Any], path: str) -> dict[str, str]:
+    """The fields a source's records take, with their types (``FIELD_TYPES``); a
+    chain's operators read ``key`` (long) and ``value`` (double)."""
     fields = _obj(src.get("fields", {"key": "long", "value": "double"}), f"{path}.fields")
     if not fields or len(fields) > 64:
         raise DefinitionError(f"{path}.fields", "must name 1-64 entry fields")
@@ -669,7 +703,7 @@ def _validate_broker_stream(src: dict[str, Any], path: str, kind: str) -> dict[s
         if fields.get(name) != kind:
             raise DefinitionError(f"{path}.fields", f"needs {name!r}: {json.dumps(kind)} "
                                   "(what the operators read)")
-    return {"url": url, "stream": stream, "fields": dict(fields)}
+    return dict(fields)
 
 
 def picture(spec: PipelineSpec) -> dataflow.Picture:

@@ -470,6 +470,11 @@ def _records(spec: definition.PipelineSpec, t0: float, start: int, end: int,
         if spec.source_type == "redis_stream":
             source = rs.stream_source(spec)
             parsed: Any = rs.read_range(source, start, end)
+        elif spec.source_type == "files":
+            from pipelines.runtime.connectors import files
+
+            source = files.files_source(spec)
+            parsed = files.read_range(source, start, end)
         else:
             source = jsc.stream_source(spec)
             parsed = jsc.read_range(source, start, end)
