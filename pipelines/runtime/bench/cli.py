@@ -56,7 +56,7 @@ def _check_common(args: argparse.Namespace) -> None:
 
 def _registry() -> dict[str, Benchmark]:
     from pipelines.runtime.bench import (checkpointfiles, closedloop, engine, jvmstart, plan,
-                                         replan)
+                                         replan, sources)
 
     return {b.name: b for b in (
         Benchmark("migration", "state migration per schedule vs Spark's own placement",
@@ -77,6 +77,9 @@ def _registry() -> dict[str, Benchmark]:
         Benchmark("checkpoint-files", "a micro-batch's CPU with checkpoint files written "
                   "through Hadoop's FileSystem API vs Spark's FileContext default",
                   checkpointfiles.arguments, checkpointfiles.check, checkpointfiles.run),
+        Benchmark("sources", "each real source's drain rate and CPU per 1,000 records vs a "
+                  "plain PySpark application reading the same broker", sources.arguments,
+                  sources.check, sources.run),
     )}
 
 

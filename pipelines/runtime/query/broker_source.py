@@ -79,7 +79,7 @@ class BrokerStreamReader(GeneratorStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         for parsed in self._batches(partition.start, partition.end):
-            if not parsed.seq:
+            if not len(parsed.seq):
                 continue
             arrays = [pa.array(parsed.seq, type=pa.int64())]
             arrays += [pa.array(parsed.columns[n], type=_ARROW[t])
