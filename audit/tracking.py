@@ -150,9 +150,10 @@ def _relation_changed(attribute: str) -> Any:
 
 def tracked_models() -> list[type[models.Model]]:
     from control.models import LabRun, Policy
-    from pipelines.models import Pipeline, PipelineVersion, Run
+    from pipelines.models import Connection, Pipeline, PipelineVersion, Run
 
-    return [Pipeline, PipelineVersion, Policy, Run, LabRun, get_user_model(), Group]
+    return [Pipeline, PipelineVersion, Policy, Run, LabRun, Connection, get_user_model(),
+            Group]
 
 
 def connect() -> None:

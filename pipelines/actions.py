@@ -19,6 +19,7 @@ from audit.tracking import recorded_by_caller
 from control.models import Policy
 from pipelines.models import (
     TRANSITIONS,
+    Connection,
     EventKind,
     MetricSample,
     Pipeline,
@@ -87,6 +88,16 @@ def save_pipeline(pipeline: Pipeline, user: Any) -> Pipeline:
         pipeline=pipeline, version=pipeline.version,
         defaults={"definition": pipeline.definition, "created_by": user})
     return pipeline
+
+
+@transaction.atomic
+def save_connection(connection: Connection, user: Any) -> Connection:
+    """Create or update a connection (audited by its save: the password only as
+    "(set)", "(old)" → "(new)")."""
+    if connection.pk is None:
+        connection.created_by = user
+    connection.save()
+    return connection
 
 
 # ---------------------------------------------------------------------------- runs

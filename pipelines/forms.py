@@ -6,7 +6,7 @@ import logging
 from django import forms
 
 from control.models import Policy
-from pipelines.models import Pipeline
+from pipelines.models import Connection, Pipeline
 from pipelines.runtime.spec import definition as pdef
 from pipelines.runtime.elastic import migration as elastic
 
@@ -30,7 +30,89 @@ def definition_error(doc_or_text: object) -> tuple[pdef.PipelineSpec | None, str
     return spec, None
 
 
+def _check_connections(doc: dict, prefix: str = "") -> None:
+    """The connections a definition names exist and are of the kind it needs."""
+    from pipelines import connections
+
+    try:
+        connections.resolve(doc)
+    except connections.ConnectionProblem as exc:
+        raise forms.ValidationError(f"{prefix}Invalid definition at {exc.path}: "
+                                    f"{str(exc).split(': ', 1)[1]}") from None
+
+
+SOURCE_TYPES = [("", "as in the JSON below"), ("generator", "generator (the product's own)"),
+                ("redis_stream", "Redis stream"), ("jetstream", "NATS JetStream stream"),
+                ("files", "files landing in a folder")]
+SINK_TYPES = [("", "as in the JSON below"), ("latency", "latency only (rows counted)"),
+              ("postgres", "PostgreSQL table"), ("parquet", "Parquet dataset")]
+# The form's source and sink fields: which of them each type takes, as definition keys.
+SOURCE_WHERE = {"redis_stream": {"source_connection": "connection", "source_stream": "stream"},
+                "jetstream": {"source_connection": "connection", "source_stream": "stream"},
+                "files": {"source_path": "path", "source_format": "format"}}
+SINK_WHERE = {"postgres": {"sink_connection": "connection", "sink_table": "table"},
+              "parquet": {"sink_path": "path"}}
+# What a source keeps from the JSON when its type changes: the generator's workload, or
+# a broker's expected workload and its fields.
+KEEP = {"generator": ("seed", "partitions", "rate", "keys"),
+        "redis_stream": ("partitions", "rate", "keys", "fields"),
+        "jetstream": ("partitions", "rate", "keys", "fields"),
+        "files": ("partitions", "rate", "keys", "fields", "max_files_per_trigger")}
+
+
+def with_sections(doc: dict, data: dict) -> dict:
+    """A chain definition with the form's source and sink sections written into it
+    (a section left "as in the JSON" changes nothing)."""
+    if not isinstance(doc, dict) or "nodes" in doc:
+        return doc
+    out = dict(doc)
+    kind = data.get("source_type")
+    if kind:
+        old = dict(doc.get("source") or {})
+        src = {"type": kind, **{k: old[k] for k in KEEP[kind] if k in old}}
+        if kind == "generator":
+            src.setdefault("seed", 7)
+        for field_name, key in SOURCE_WHERE.get(kind, {}).items():
+            value = data.get(field_name)
+            if isinstance(value, Connection):
+                value = value.name
+            if value not in (None, ""):
+                src[key] = value
+        out["source"] = src
+    kind = data.get("sink_type")
+    if kind:
+        old = dict(doc.get("sink") or {})
+        sink = {"type": kind, "keep_output": old.get("keep_output", True)}
+        for field_name, key in SINK_WHERE.get(kind, {}).items():
+            value = data.get(field_name)
+            if isinstance(value, Connection):
+                value = value.name
+            if value not in (None, ""):
+                sink[key] = value
+        out["sink"] = sink
+    return out
+
+
 class PipelineForm(forms.ModelForm):
+    # The source and the sink as form sections (a chain pipeline's; a dataflow's are
+    # its nodes, in the JSON). Written into the definition when saved.
+    source_type = forms.ChoiceField(choices=SOURCE_TYPES, required=False, label="Source")
+    source_connection = forms.ModelChoiceField(
+        Connection.objects.exclude(kind="postgres"), required=False, to_field_name="name",
+        label="Source connection", help_text="a Redis or NATS connection an admin keeps "
+        "(Connections)")
+    source_stream = forms.CharField(required=False, max_length=256, label="Stream")
+    source_path = forms.CharField(required=False, max_length=200, label="Folder",
+                                  help_text="relative to the files root")
+    source_format = forms.ChoiceField(choices=[(f, f) for f in pdef.FILE_FORMATS],
+                                      required=False, label="File format")
+    sink_type = forms.ChoiceField(choices=SINK_TYPES, required=False, label="Sink")
+    sink_connection = forms.ModelChoiceField(
+        Connection.objects.filter(kind="postgres"), required=False, to_field_name="name",
+        label="Sink connection", help_text="a PostgreSQL connection")
+    sink_table = forms.CharField(required=False, max_length=130, label="Table")
+    sink_path = forms.CharField(required=False, max_length=200, label="Dataset folder",
+                                help_text="relative to the files root")
     definition = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 24, "cols": 90, "spellcheck": "false",
                                      "class": "mono"}),
@@ -42,18 +124,51 @@ class PipelineForm(forms.ModelForm):
 
     class Meta:
         model = Pipeline
-        fields = ["name", "description", "definition"]
+        fields = ["name", "description", "source_type", "source_connection", "source_stream",
+                  "source_path", "source_format", "sink_type", "sink_connection",
+                  "sink_table", "sink_path", "definition"]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         value = self.initial.get("definition")
         if isinstance(value, dict):
             self.initial["definition"] = json.dumps(value, indent=2)
+            if "nodes" not in value:
+                self._initial_sections(value)
+
+    def _initial_sections(self, doc: dict) -> None:
+        src, sink = doc.get("source") or {}, doc.get("sink") or {}
+        self.initial.setdefault("source_type", src.get("type", "generator"))
+        for field_name, key in SOURCE_WHERE.get(src.get("type"), {}).items():
+            self.initial.setdefault(field_name, src.get(key))
+        self.initial.setdefault("sink_type", sink.get("type", "latency"))
+        for field_name, key in SINK_WHERE.get(sink.get("type"), {}).items():
+            self.initial.setdefault(field_name, sink.get(key))
+
+    def clean(self) -> dict:
+        data = super().clean()
+        doc = data.get("definition")
+        if isinstance(doc, dict):
+            merged = with_sections(doc, data)
+            if merged != doc:
+                spec, error = definition_error(merged)
+                if spec is None:
+                    self.add_error(None, error)
+                    return data
+                try:
+                    _check_connections(spec.raw)
+                except forms.ValidationError as exc:
+                    self.add_error(None, exc)
+                    return data
+                data["definition"] = spec.raw
+                self.instance.definition = spec.raw
+        return data
 
     def clean_definition(self) -> dict:
         spec, error = definition_error(self.cleaned_data["definition"])
         if spec is None:
             raise forms.ValidationError(error)
+        _check_connections(spec.raw)
         return spec.raw
 
 
@@ -70,6 +185,7 @@ class StartRunForm(forms.Form):
         if spec is None:
             raise forms.ValidationError(f"{pipeline.name} cannot start: {error} Edit the "
                                         "pipeline first.")
+        _check_connections(pipeline.definition, f"{pipeline.name} cannot start: ")
         return pipeline
 
 
@@ -167,3 +283,29 @@ class ReplanForm(forms.Form):
     scheme = forms.ChoiceField(choices=[("seamless", "seamless hand-over"),
                                         ("stop-restart", "stop and restart")],
                                initial="seamless")
+
+
+class ConnectionForm(forms.ModelForm):
+    """A connection; its password is write-only: never shown, kept when left blank."""
+
+    password = forms.CharField(required=False, strip=False, max_length=500,
+                               widget=forms.PasswordInput(render_value=False),
+                               help_text="write-only: leave blank to keep the one saved")
+    clear_password = forms.BooleanField(required=False, label="Remove the saved password")
+
+    class Meta:
+        model = Connection
+        fields = ["name", "kind", "url", "username", "password", "description"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.saved_password = self.instance.password if self.instance.pk else ""
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if data.get("clear_password"):
+            data["password"] = ""
+        elif not data.get("password"):
+            data["password"] = self.saved_password
+        self.instance.password = data["password"]
+        return data

@@ -7,6 +7,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 from django.db import models
 
 from pipelines.runtime.spec import definition as pdef
@@ -313,3 +314,56 @@ class MetricSample(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "batch_id"],
                                                name="unique_run_batch")]
         indexes = [models.Index(fields=["run", "t"])]
+
+
+class ConnectionKind(models.TextChoices):
+    REDIS = "redis", "Redis"
+    NATS = "nats", "NATS JetStream"
+    POSTGRES = "postgres", "PostgreSQL"
+
+
+class Connection(models.Model):
+    """A server that definitions name (``"connection": "<name>"`` in a source or a sink)
+    instead of a URL: its URL without credentials, and its password apart — write-only
+    in the forms, "(set)" in the audit log's before/after, given to a run's runner in
+    its private runner.json (0600), never on a command line. An admin keeps them."""
+
+    name = models.CharField(max_length=63, unique=True,
+                            validators=[RegexValidator(pdef.CONNECTION_NAME.pattern,
+                                                       "lower-case letters, digits, - and _ "
+                                                       "(at most 63)")])
+    kind = models.CharField(max_length=16, choices=ConnectionKind.choices)
+    url = models.CharField(max_length=500, help_text="without a password")
+    username = models.CharField(max_length=200, blank=True)
+    password = models.CharField(max_length=500, blank=True)
+    description = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        try:
+            pdef.server_url({"url": self.url}, "url", pdef.SERVER_SCHEMES.get(self.kind, ()),
+                            "redis://127.0.0.1:6379/0")
+        except pdef.DefinitionError as exc:
+            raise ValidationError({"url": exc.message}) from None
+        if self.url and "@" in self.url.split("//", 1)[-1].split("/", 1)[0]:
+            raise ValidationError({"url": "give the user name in its own field"})
+
+    def runtime(self) -> dict[str, str]:
+        """What a runner gets: the URL with the user name in it, and the password."""
+        from urllib.parse import quote, urlsplit, urlunsplit
+
+        url = self.url
+        if self.username:
+            parts = urlsplit(url)
+            url = urlunsplit((parts.scheme, f"{quote(self.username, safe='')}@{parts.netloc}",
+                              parts.path, parts.query, parts.fragment))
+        return {"kind": self.kind, "url": url, "password": self.password}

@@ -43,6 +43,8 @@ def start_run(run_id: int, actor: str = "system") -> str:
     checkpoint_dir = Path(settings.CHECKPOINT_ROOT) / f"run-{run.bus_key}"
     try:
         policy = run.policy_in_force
+        from pipelines import connections
+
         config = {
             "run_id": run.pk,
             "bus_key": run.bus_key,
@@ -53,6 +55,8 @@ def start_run(run_id: int, actor: str = "system") -> str:
             "initial_workers": policy.initial_workers,
             "max_workers": policy.max_workers,
             "executor_memory": settings.EXECUTOR_MEMORY,
+            # (runner.json is private: 0600, launch.write_runner_config)
+            "connections": connections.resolve(run.pipeline_version.definition),
         }
         bus = launch.run_bus(run)
         bus.reset()

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -15,6 +15,7 @@ from control import ticks
 from control.models import Policy
 from pipelines import actions, plans
 from pipelines.forms import (
+    ConnectionForm,
     FrequencyForm,
     MoveGroupsForm,
     PipelineForm,
@@ -23,7 +24,7 @@ from pipelines.forms import (
     StartRunForm,
     WorkersForm,
 )
-from pipelines.models import Pipeline, Run
+from pipelines.models import Connection, Pipeline, Run
 from pipelines.runtime.spec import definition as pdef
 from pipelines.runtime.spec.definition import DEMO_DEFINITION
 
@@ -58,6 +59,81 @@ def pipeline_edit(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "pipelines/pipeline_form.html",
                   {"form": form, "pipeline": pipeline, "creating": False,
                    "dag": _picture(pipeline.definition)})
+
+
+@login_required
+@permission_required("pipelines.change_pipeline", raise_exception=True)
+@require_POST
+def pipeline_test_source(request: HttpRequest) -> JsonResponse:
+    """Test connection: the pipeline form's source (its sections over its JSON) read
+    through the connectors a run uses: the fields found, the backlog, the rate."""
+    import json
+
+    from pipelines import connections
+    from pipelines.forms import with_sections
+
+    form = PipelineForm(request.POST)
+    form.is_valid()  # (the sections' values; the name may be missing or taken)
+    data = getattr(form, "cleaned_data", {})
+    try:
+        doc = json.loads(request.POST.get("definition") or "{}")
+    except ValueError as exc:
+        return JsonResponse({"ok": False, "message": f"the JSON does not parse: {exc}"})
+    source = with_sections(doc if isinstance(doc, dict) else {}, data).get("source") or {}
+    if not isinstance(source, dict):
+        return JsonResponse({"ok": False, "message": "the definition has no source"})
+    return JsonResponse(connections.probe(source).as_dict())
+
+
+@login_required
+@permission_required("pipelines.view_connection", raise_exception=True)
+def connection_list(request: HttpRequest) -> HttpResponse:
+    rows = []
+    pipelines = list(Pipeline.objects.all())
+    for conn in Connection.objects.all():
+        users = [p.name for p in pipelines
+                 if conn.name in {n for _path, n, _k in _named(p.definition)}]
+        rows.append({"conn": conn, "pipelines": users})
+    return render(request, "pipelines/connection_list.html", {"rows": rows})
+
+
+def _named(doc: Any) -> list[tuple[str, str, str]]:
+    from pipelines import connections
+
+    return connections.named(doc) if isinstance(doc, dict) else []
+
+
+@login_required
+@permission_required("pipelines.add_connection", raise_exception=True)
+def connection_create(request: HttpRequest) -> HttpResponse:
+    form = ConnectionForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        conn = actions.save_connection(form.save(commit=False), request.user)
+        messages.success(request, f"Connection {conn.name} created.")
+        return redirect("connection-list")
+    return render(request, "pipelines/connection_form.html", {"form": form, "creating": True})
+
+
+@login_required
+@permission_required("pipelines.change_connection", raise_exception=True)
+def connection_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    conn = get_object_or_404(Connection, pk=pk)
+    form = ConnectionForm(request.POST or None, instance=conn)
+    if request.method == "POST" and form.is_valid():
+        conn = actions.save_connection(form.save(commit=False), request.user)
+        messages.success(request, f"Connection {conn.name} saved.")
+        return redirect("connection-list")
+    return render(request, "pipelines/connection_form.html",
+                  {"form": form, "creating": False, "connection": conn})
+
+
+@login_required
+@permission_required("pipelines.change_connection", raise_exception=True)
+@require_POST
+def connection_test(request: HttpRequest, pk: int) -> JsonResponse:
+    from pipelines import connections
+
+    return JsonResponse(connections.reach(get_object_or_404(Connection, pk=pk)).as_dict())
 
 
 def _picture(doc: Any) -> Any:

@@ -11,7 +11,8 @@ def create_roles(apps, schema_editor):
         app_config.models_module = True
         create_permissions(app_config, apps=apps, verbosity=0)
         app_config.models_module = None
-    sync_roles(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"))
+    sync_roles(apps.get_model("auth", "Group"), apps.get_model("auth", "Permission"),
+               skip_missing=True)
 
 
 def drop_roles(apps, schema_editor):

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import redis
 
-from pipelines import feed as feeder
+from pipelines.runtime.connectors import feed as feeder
 from pipelines.runtime.connectors import redis_stream as rs
 from pipelines.runtime.runner.harness import RunnerProcess
 from pipelines.runtime.spec import definition

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipelines import feed as feeder
+from pipelines.runtime.connectors import feed as feeder
 from pipelines.runtime import connectors
 from pipelines.runtime.connectors import jetstream as jsc
 from pipelines.runtime.connectors.parquet_sink import ParquetSink

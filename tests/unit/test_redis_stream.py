@@ -14,7 +14,7 @@ import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipelines import feed as feeder
+from pipelines.runtime.connectors import feed as feeder
 from pipelines.runtime import connectors
 from pipelines.runtime.connectors import redis_stream as rs
 from pipelines.runtime.spec import definition

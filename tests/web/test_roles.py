@@ -47,7 +47,11 @@ def world(db: Any) -> dict[str, Any]:
     pipeline, policy = make_pipeline_and_policy(owner, name="matrix")
     run = actions.create_run(pipeline, policy, owner)  # its start task is queued on commit:
     lab = LabRun.objects.create(name="lab", scenario={}, created_by=owner)  # never here
-    return {"pipeline": pipeline, "policy": policy, "run": run, "lab": lab}
+    from pipelines.models import Connection
+
+    conn = Connection.objects.create(name="orders", kind="redis",
+                                     url="redis://127.0.0.1:6399/0", password="hunter2")
+    return {"pipeline": pipeline, "policy": policy, "run": run, "lab": lab, "conn": conn}
 
 
 def _pages(w: dict[str, Any]) -> list[tuple[str, str, dict[str, int]]]:
@@ -58,7 +62,13 @@ def _pages(w: dict[str, Any]) -> list[tuple[str, str, dict[str, int]]]:
     operate = {"anonymous": 302, "none": 403, "viewer": 403, "operator": 200, "admin": 200}
     post = {"anonymous": 302, "none": 403, "viewer": 403, "operator": 302, "admin": 302}
     staff = {"anonymous": 302, "none": 302, "viewer": 302, "operator": 302, "admin": 200}
+    administer = {"anonymous": 302, "none": 403, "viewer": 403, "operator": 403, "admin": 200}
+    c = w["conn"].pk
     return [
+        ("get", "/connections/", watch), ("get", "/connections/new/", administer),
+        ("get", f"/connections/{c}/edit/", administer),
+        ("post", f"/connections/{c}/test/", administer),  # (its answer: cannot reach)
+        ("post", "/pipelines/test-source/", operate),  # (the generator: nothing to test)
         ("get", "/runs/", watch), ("get", f"/runs/{r}/", watch),
         ("get", "/pipelines/", watch), ("get", "/policies/", watch),
         ("get", "/cluster/", watch),  # it names the runs on each host (issue 48)
@@ -366,6 +376,8 @@ def test_permission_run_and_version_changes_are_audited_whatever_path_made_them(
     (a superuser), either side of a many-to-many relation, a shell's save."""
     from audit.models import AuditEntry
 
+    # (the migrations' own role syncs are audited too: entries from before this test)
+    before_test = AuditEntry.objects.order_by("-pk").values_list("pk", flat=True).first() or 0
     owner = Client()
     owner.force_login(User.objects.get(username="owner"))
     viewer = _user("vic", "viewer")
@@ -376,7 +388,8 @@ def test_permission_run_and_version_changes_are_audited_whatever_path_made_them(
         "user_permissions": [change_run.pk], "last_login_0": "", "last_login_1": "",
         "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00"})
     assert response.status_code == 302, response.content.decode()[:2000]
-    entry = AuditEntry.objects.get(action="permissions changed", target_repr="vic")
+    entry = AuditEntry.objects.get(action="permissions changed", target_repr="vic",
+                                   pk__gt=before_test)
     assert (entry.actor, entry.before, entry.after) == (
         "user:owner", {"permissions": []}, {"permissions": ["pipelines.change_run"]})
 
@@ -385,7 +398,8 @@ def test_permission_run_and_version_changes_are_audited_whatever_path_made_them(
     viewers = Group.objects.get(name="viewer")
     viewers.permissions.remove(Permission.objects.get(codename="view_run"))
     Permission.objects.get(codename="view_policy").group_set.clear()
-    entries = AuditEntry.objects.filter(action="permissions changed").order_by("pk")
+    entries = AuditEntry.objects.filter(action="permissions changed",
+                                        pk__gt=before_test).order_by("pk")
     assert [(e.target_repr, e.after["permissions"]) for e in entries][1] == (
         "vic", ["pipelines.add_pipeline", "pipelines.change_run"])
     group_entries = [e for e in entries if e.target_type == "group"]

@@ -206,7 +206,7 @@ class Backlog:
 
 def _backlog(source: str, args: argparse.Namespace, redis_url: str, files_dir: Path
              ) -> Backlog:
-    from pipelines import feed as feeder
+    from pipelines.runtime.connectors import feed as feeder
 
     feed = feeder.Feed(seed=5, rate={"kind": "constant", "records_per_s": 1_000_000},
                        keys={"kind": "uniform", "n": 1000}, records=args.records)

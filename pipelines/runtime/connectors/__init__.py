@@ -30,6 +30,62 @@ class OffsetClock(Protocol):
         where nothing schedules it (a broker: its measured input rate stands in)."""
 
 
+# The connections this process may use: name -> {"kind", "url", "password"}. Filled by
+# whoever starts the work from what it was given privately: the runner from its 0600
+# runner.json, a Spark reader from its redacted ``secret`` option, the web app from its
+# database (``pipelines.connections``). Never logged, never on a command line.
+CONNECTIONS: dict[str, dict[str, str]] = {}
+
+
+class ConnectionUnknown(LookupError):
+    """A definition names a connection this process was not given."""
+
+
+def register_connections(connections: dict[str, dict[str, str]] | None) -> None:
+    CONNECTIONS.update(connections or {})
+
+
+def with_password(url: str, password: str) -> str:
+    """``url`` with ``password`` in its user part (redis://:pw@host, nats://user:pw@host,
+    postgres://user:pw@host), percent-encoded."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    if not password:
+        return url
+    parts = urlsplit(url)
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def server_url(params: dict[str, Any]) -> str:
+    """The URL a source's or sink's client connects to: its own ``url``, or its
+    connection's URL with the connection's password."""
+    name = params.get("connection")
+    if not name:
+        return str(params["url"])
+    known = CONNECTIONS.get(str(name))
+    if known is None:
+        raise ConnectionUnknown(f"connection {name!r} was not given to this process")
+    return with_password(known["url"], known.get("password", ""))
+
+
+def connection_secret(params: dict[str, Any]) -> str | None:
+    """The connection a source names, as the private option its Spark reader gets
+    (JSON; Spark redacts options named like ``secret`` in its plans and UI)."""
+    import json
+
+    name = params.get("connection")
+    if not name or name not in CONNECTIONS:
+        return None
+    return json.dumps({name: CONNECTIONS[name]})
+
+
 def files_root() -> Path:
     """The folder under which a definition's relative paths (a files source's
     directory, a Parquet sink's) lie: ``STREAMWISE_FILES_ROOT``, else ``files/`` in the

@@ -153,7 +153,7 @@ def end_offset(source: FilesSource, look: bool = True) -> int:
     return len(landed(source, look))
 
 
-def _rows(source: FilesSource, path: Path) -> Iterator[tuple[Any, str | None, Any]]:
+def records_of(source: FilesSource, path: Path) -> Iterator[tuple[Any, str | None, Any]]:
     """(row or None, reason, raw) for each record of a file."""
     if source.format == "parquet":
         import pyarrow.parquet as pq
@@ -282,7 +282,7 @@ def read_file(source: FilesSource, f: Landed, into: Parsed | None = None) -> Par
                 out.columns[name].extend(values.tolist() if hasattr(values, "tolist")
                                          else values)
         return out
-    for line, (row, reason, raw) in enumerate(_rows(source, source.directory / f.name)):
+    for line, (row, reason, raw) in enumerate(records_of(source, source.directory / f.name)):
         if line >= MAX_LINES:
             raise ValueError(f"{f.name} holds more than {MAX_LINES} records")
         if row is None:

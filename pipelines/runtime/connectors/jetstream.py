@@ -127,7 +127,9 @@ class JetStreamSource:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> JetStreamSource:
-        return cls(url=str(params["url"]), stream=str(params["stream"]),
+        from pipelines.runtime import connectors
+
+        return cls(url=connectors.server_url(params), stream=str(params["stream"]),
                    fields=dict(params.get("fields") or {"key": "long", "value": "double"}))
 
 

@@ -51,7 +51,9 @@ class PostgresSink:
                 key_columns: tuple[str, ...]) -> PostgresSink:
         """A run's sink (a definition's ``sink`` and the run's start, which names its
         ledger rows and stays the same when the run resumes from its checkpoint)."""
-        return cls(url=str(params["url"]), table=str(params["table"]),
+        from pipelines.runtime import connectors
+
+        return cls(url=connectors.server_url(params), table=str(params["table"]),
                    key_columns=key_columns, sink_name=f"{params['table']}@{t0!r}")
 
     def _table(self) -> sql.Composable:

@@ -100,7 +100,9 @@ class StreamSource:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> StreamSource:
-        return cls(url=str(params["url"]), stream=str(params["stream"]),
+        from pipelines.runtime import connectors
+
+        return cls(url=connectors.server_url(params), stream=str(params["stream"]),
                    fields=dict(params.get("fields") or {"key": "long", "value": "double"}),
                    start=str(params.get("start", "earliest")))
 

@@ -64,6 +64,14 @@ class BrokerStreamReader(GeneratorStreamReader):
     """A broker's records in offset ranges; subclasses say how to read them."""
 
     def __init__(self, options: dict[str, str]) -> None:
+        if options.get("secret"):
+            # The connection the source names (this process is Spark's, not the
+            # runner's); its URL travels inside the reader to the tasks.
+            import json
+
+            from pipelines.runtime import connectors
+
+            connectors.register_connections(json.loads(options["secret"]))
         super().__init__(options)
         self.fields = declared_fields(self.spec)
         self.arrow_schema = pa.schema(

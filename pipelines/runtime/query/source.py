@@ -275,6 +275,11 @@ def source_options(spec: definition.PipelineSpec, t0: float,
                    first_ends: tuple[int, ...] = (),
                    gate: Path | str | None = None) -> dict[str, str]:
     options = {"spec": json.dumps(spec.raw, sort_keys=True), "t0": repr(t0)}
+    from pipelines.runtime import connectors
+
+    secret = connectors.connection_secret(spec.raw.get("source") or {})
+    if secret is not None:
+        options["secret"] = secret
     if plan_dir is not None:
         options["plan_dir"] = str(plan_dir)
     if start:

@@ -38,7 +38,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
 from typing import Any
@@ -93,6 +93,9 @@ class RunnerConfig:
     locality_wait: str | None = None
     enforce_placement: bool = True  # False: Spark places groups itself (the baseline)
     driver_host: str | None = None  # where executors reach the driver (session.driver_host)
+    # The connections the definition names: name -> {kind, url, password}. Only in the
+    # private runner.json (0600), never on a command line or in a log.
+    connections: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str) -> RunnerConfig:
@@ -565,6 +568,8 @@ def _run_one(config_path: str, session: Any, standby_id: str | None,
     code, whether the session is up for another run)."""
     try:
         cfg = RunnerConfig.load(config_path)
+        connectors.CONNECTIONS.clear()  # (a standby's earlier run had its own)
+        connectors.register_connections(cfg.connections)
         runner_bus = busmod.RunnerBus(busmod.connect(cfg.redis_url), cfg.bus_key)
     except (OSError, ValueError, TypeError) as exc:
         print(f"error: bad runner config {config_path}: {exc}", file=sys.stderr)

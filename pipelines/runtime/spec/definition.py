@@ -46,6 +46,11 @@ CHAIN_SOURCES = ("generator", "redis_stream", "jetstream", "files")
 # Sources whose records are read again from outside (their offsets replayable).
 BROKER_SOURCES = ("redis_stream", "jetstream", "files")
 FILE_FORMATS = ("jsonl", "csv", "parquet")
+# A connection's kinds and the URL schemes each takes; which kind a source or sink needs.
+SERVER_SCHEMES = {"redis": ("redis", "rediss", "unix"), "nats": ("nats", "tls"),
+                  "postgres": ("postgres", "postgresql")}
+CONNECTION_KIND = {"redis_stream": "redis", "jetstream": "nats", "postgres": "postgres"}
+CONNECTION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 MAX_FILES_PER_TRIGGER = 10_000
 # A chain's sinks: the latency sink (rows counted, or kept as Parquet for the verifier),
 # a PostgreSQL table or a Parquet dataset, each written once per batch (``connectors/``).
@@ -547,8 +552,8 @@ def _validate(doc: Any) -> PipelineSpec:
                                  "partitions", "rate", "keys"})
         broker = _validate_files_source(src, "source")
     elif source_type in BROKER_SOURCES:
-        _allowed(src, "source", {"type", "url", "stream", "fields", "partitions", "rate",
-                                 "keys"})
+        _allowed(src, "source", {"type", "url", "connection", "stream", "fields",
+                                 "partitions", "rate", "keys"})
         broker = _validate_broker_stream(src, "source", source_type)
     if source_type in BROKER_SOURCES:
         # The rate and key space a stream is expected to carry (modelled: what a run
@@ -576,7 +581,7 @@ def _validate(doc: Any) -> PipelineSpec:
 
     sink = _obj(doc.get("sink", {"type": "latency"}), "sink")
     sink_type = _choice(sink, "type", "sink", CHAIN_SINKS, default="latency")
-    _allowed(sink, "sink", {"type", "keep_output"} | {"postgres": {"url", "table"},
+    _allowed(sink, "sink", {"type", "keep_output"} | {"postgres": {"url", "connection", "table"},
                                                       "parquet": {"path"}}.get(sink_type, set()))
     keep_output = sink.get("keep_output", True)
     if not isinstance(keep_output, bool):
@@ -603,16 +608,34 @@ def _validate(doc: Any) -> PipelineSpec:
                         keep_output=keep_output, raw=clean, source_type=source_type)
 
 
-def _server_url(doc: dict[str, Any], path: str, schemes: tuple[str, ...],
-                example: str) -> str:
+def _server(doc: dict[str, Any], path: str, schemes: tuple[str, ...],
+            example: str) -> dict[str, str]:
+    """Where a source or sink connects: ``{"connection": name}`` (a connection an admin
+    keeps, with its URL and password, resolved when a run starts) or ``{"url": url}``
+    (a URL without credentials, :func:`server_url`)."""
+    if "connection" in doc:
+        name = doc["connection"]
+        if "url" in doc:
+            raise DefinitionError(f"{path}.connection", "give a url or a connection, not "
+                                  "both")
+        if not isinstance(name, str) or not CONNECTION_NAME.match(name):
+            raise DefinitionError(f"{path}.connection", "must be a connection's name "
+                                  "(lower-case letters, digits, - and _, at most 63)")
+        return {"connection": name}
+    return {"url": server_url(doc, path, schemes, example)}
+
+
+def server_url(doc: dict[str, Any], path: str, schemes: tuple[str, ...],
+               example: str) -> str:
     """A server's URL (``doc["url"]``) with one of ``schemes``, at most 500 characters
     and without a password, in its user part or its query: credentials never live in a
-    definition (a connection will hold them)."""
+    definition (a connection holds them)."""
     from urllib.parse import parse_qs, urlsplit
 
     url = doc.get("url")
     if not isinstance(url, str) or not url:
-        raise DefinitionError(f"{path}.url", f"is required (e.g. {example})")
+        raise DefinitionError(f"{path}.url", f"is required (e.g. {example}), or a "
+                              "connection's name as connection")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a port that is not a number
@@ -633,15 +656,15 @@ def _server_url(doc: dict[str, Any], path: str, schemes: tuple[str, ...],
 def _validate_postgres_sink(sink: dict[str, Any], path: str) -> dict[str, Any]:
     """A ``postgres`` sink: the database (a URL without a password) and the table,
     ``[schema.]name`` in PostgreSQL's plain identifiers."""
-    url = _server_url(sink, path, ("postgres", "postgresql"),
-                      "postgres://streamwise@127.0.0.1:5432/streamwise")
+    server = _server(sink, path, SERVER_SCHEMES["postgres"],
+                     "postgres://streamwise@127.0.0.1:5432/streamwise")
     table = sink.get("table")
     if not isinstance(table, str) or not POSTGRES_TABLE.match(table):
         raise DefinitionError(f"{path}.table", "must be a table name, [schema.]name in "
                               "lower-case letters, digits and _ (at most 63 each)")
     if table.split(".")[-1] == POSTGRES_LEDGER:
         raise DefinitionError(f"{path}.table", "is the sinks' ledger table")
-    return {"url": url, "table": table}
+    return {**server, "table": table}
 
 
 def _relative_path(doc: dict[str, Any], path: str) -> str:
@@ -674,16 +697,16 @@ def _validate_broker_stream(src: dict[str, Any], path: str, kind: str) -> dict[s
     JSON keys). A chain's operators read ``key`` (long) and ``value`` (double)."""
     stream = src.get("stream")
     if kind == "jetstream":
-        url = _server_url(src, path, ("nats", "tls"), "nats://127.0.0.1:4222")
+        server = _server(src, path, SERVER_SCHEMES["nats"], "nats://127.0.0.1:4222")
         if not isinstance(stream, str) or not JETSTREAM_NAME.match(stream):
             raise DefinitionError(f"{path}.stream", "must be a JetStream stream name of "
                                   "1-200 letters, digits, _ and -")
     else:
-        url = _server_url(src, path, ("redis", "rediss", "unix"), "redis://127.0.0.1:6379/0")
+        server = _server(src, path, SERVER_SCHEMES["redis"], "redis://127.0.0.1:6379/0")
         if not isinstance(stream, str) or not 0 < len(stream) <= 256:
             raise DefinitionError(f"{path}.stream", "must be a stream name of 1-256 "
                                   "characters")
-    return {"url": url, "stream": stream, "fields": _record_fields(src, path)}
+    return {**server, "stream": stream, "fields": _record_fields(src, path)}
 
 
 def _record_fields(src: dict[str, Any], path: str) -> dict[str, str]:

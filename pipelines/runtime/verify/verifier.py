@@ -731,6 +731,9 @@ def verify_run_dir(run_dir: Path | str, progress: Progress | None = None) -> Ver
     try:
         cfg = json.loads((run_dir / "runner.json").read_text())
         spec = definition.validate(cfg["definition"])
+        from pipelines.runtime import connectors
+
+        connectors.register_connections(cfg.get("connections"))
         t0 = float(json.loads((run_dir / "t0").read_text())["t0"])
     except (OSError, KeyError, ValueError) as exc:
         raise RunDirError(f"cannot read the run in {run_dir}: {exc}") from exc
