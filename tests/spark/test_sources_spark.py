@@ -8,6 +8,7 @@ counted, the query ran throughout. No Django database (the sink's table is in th
 server's maintenance database): the dbless lane runs it once."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -217,7 +218,8 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
     """JetStream's sequences as offsets, its timestamps as emission times, the dead
     letters in the stream beside it, the output a Parquet dataset under the files root:
     across a scale-up with migration, the dataset holds each committed batch once and
-    each key's last update equals the count over every good message."""
+    each key's last update equals the count over every good message. The run starts at
+    the stream's end (``start: latest``): what the stream held before is not its."""
     from pipelines.runtime.connectors import jetstream as jsc
     from pipelines.runtime.connectors.parquet_sink import ParquetSink
 
@@ -229,7 +231,7 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
     stream = f"SW_TEST_{uuid.uuid4().hex[:8]}"
     dataset = f"tests/{stream.lower()}"
     doc = {"source": {"type": "jetstream", "url": NATS_URL, "stream": stream,
-                      "partitions": 2, "rate": {"kind": "constant", "records_per_s": RATE},
+                      "start": "latest", "partitions": 2, "rate": {"kind": "constant", "records_per_s": RATE},
                       "keys": {"kind": "zipf", "n": 300, "s": 1.0}},
            "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
                           "field": "value"}],
@@ -241,11 +243,21 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
     client = jsc.connection(NATS_URL)
     source = jsc.JetStreamSource(NATS_URL, stream)
     try:
-        publisher = Feeder(feeder.JetStreamPublisher(NATS_URL, stream), stream, feed)
+        jetstream_publisher = feeder.JetStreamPublisher(NATS_URL, stream)
+        before = 300  # in the stream before the run: never the run's
+        feeder.publish(jetstream_publisher, stream, feeder.Feed(
+            seed=1, rate={"kind": "constant", "records_per_s": 100_000},
+            keys={"kind": "uniform", "n": 10}, records=before), say=lambda _m: None)
+        publisher = Feeder(jetstream_publisher, stream, feed)
         run = RunnerProcess(tmp_path / "run", spark_cluster.master_url, doc,
                             os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14"),
                             token="jetstream-source", max_workers=2, initial_workers=1)
-        with publisher, run:
+        with run:
+            # The run pins its start (the stream's end) before its query starts.
+            pinned = run.work / connectors.SOURCE_START_FILE
+            run.wait_until(pinned.exists, 300, "the run to pin its start")
+            assert json.loads(pinned.read_text())["offset"] == before
+            publisher.__enter__()
             run.wait_batches(3)
             up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
             assert up["ok"], up["message"]
@@ -258,6 +270,7 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
             # The dead-letter count reaches the run's metrics (the page's counter).
             run.wait_until(lambda: run.metrics and run.metrics[-1].get("dead_letters"),
                            120, "a dead-letter count in the run's metrics")
+        spec = connectors.pin_start(spec, run.work, create=False)  # (its pinned start)
         report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
         assert report.ok, report.problems
         sink = ParquetSink.for_run(spec.sink, run.t0, ("key",))
@@ -267,7 +280,7 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
 
         kinds = feeder.malformed_kind(feed.seed, np.arange(total, dtype=np.int64),
                                       MALFORMED)
-        bad = {i + 1 for i in np.flatnonzero(kinds >= 0)}  # sequences start at 1
+        bad = {before + i + 1 for i in np.flatnonzero(kinds >= 0)}  # (sequences from 1)
         letters = jsc.dead_letters(client, source)
         assert sorted(x["source_seq"] for x in letters) == sorted(bad)  # each once
         reasons = {x["reason"].split(":")[0] for x in letters}
@@ -276,6 +289,8 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
         assert report.records == total - len(bad)
         assert max(m.get("dead_letters") or 0 for m in run.metrics) <= len(bad)
     finally:
+        if "publisher" in locals():
+            publisher.stop.set()  # (a failure before it was finished)
         shutil.rmtree(connectors.files_root() / dataset, ignore_errors=True)
         for name in (stream, source.dead_letter_stream):
             try:

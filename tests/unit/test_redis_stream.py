@@ -155,3 +155,25 @@ def test_a_stream_source_round_trips_and_feeds_only_a_keyed_aggregate() -> None:
     with pytest.raises(definition.DefinitionError) as err:
         definition.validate(doc)
     assert err.value.path == "operators[0]"
+
+
+def test_a_latest_start_is_pinned_once_for_the_run(stream, tmp_path) -> None:
+    """``start: latest`` reads from the stream's end when the run first starts; the
+    offset is kept in the run's folder, so a restart (or the verifier) starts there
+    again whatever the stream holds by then."""
+    r, source = stream
+    r.xadd(source.stream, {"key": "1", "value": "1"})
+    spec = definition.validate({"source": {"type": "redis_stream", "url": source.url,
+                                           "stream": source.stream, "start": "latest"},
+                                "operators": [{"type": "keyed_aggregate"}]})
+    assert connectors.start_offset(spec) == 0
+    assert connectors.pin_start(spec, tmp_path, create=False) is spec  # not yet pinned
+    pinned = connectors.pin_start(spec, tmp_path)
+    end = rs.end_offset(r, source.stream)
+    assert connectors.start_offset(pinned) == end > 0
+    r.xadd(source.stream, {"key": "2", "value": "2"})
+    again = connectors.pin_start(spec, tmp_path)  # a restart: the same offset
+    assert connectors.start_offset(again) == end
+    earliest = definition.validate({**spec.raw, "source": {**spec.raw["source"],
+                                                           "start": "earliest"}})
+    assert connectors.pin_start(earliest, tmp_path / "other") is earliest

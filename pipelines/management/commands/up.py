@@ -8,11 +8,13 @@ Ctrl-C (or SIGTERM) stops everything it started, by pid.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import urllib.parse
 from pathlib import Path
@@ -64,6 +66,16 @@ def private_redis(var: Path, url: str) -> tuple[list[str], str]:
     return [server, str(conf)], with_password(url, password)
 
 
+FEED_PASSWORD_ENV = "STREAMWISE_FEED_PASSWORD"
+
+
+def _password(url: str) -> str:
+    from urllib.parse import unquote, urlsplit
+
+    password = urlsplit(url).password
+    return unquote(password) if password else ""
+
+
 class Command(BaseCommand):
     help = "Run Streamwise: web, worker, beat, relay and the embedded Spark cluster."
 
@@ -110,20 +122,31 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from exc
             self.stdout.write(f"Spark master {self.cluster_info.master_url} "
                               f"(UI {self.cluster_info.master_web})")
-        self._seed_elastic_demo(var)
+        feeder = self._seed_elastic_demo(var)
         for name, args in product_processes(options["port"], var).items():
             self._spawn(name, args, logs)
+        if feeder is not None:
+            self._spawn("feeder", feeder, logs, env={FEED_PASSWORD_ENV: _password(
+                settings.REDIS_URL)})
         self.stdout.write(self.style.SUCCESS(
             f"\nStreamwise is up: http://127.0.0.1:{options['port']}/  (logs in {logs})\n"
             "Ctrl-C stops everything."))
 
-    def _seed_elastic_demo(self, var: Path) -> None:
+    def _seed_elastic_demo(self, var: Path) -> list[str] | None:
         """Measure one worker's capacity (first start only; ~2 min), then seed the
         elastic demo from it, so that its rate step needs a second worker on this
-        machine, whatever its speed."""
+        machine, whatever its speed. The demo reads a Redis stream that the feeder
+        fills (its command is returned, for ``_start`` to run beside the product), through
+        the connection to the product's own Redis."""
         from django.contrib.auth import get_user_model
 
-        from pipelines.management.commands.seed_demo import seed_elastic_demo
+        from pipelines.management.commands.seed_demo import (
+            DEMO_CONNECTION,
+            DEMO_STREAM,
+            feed_rate,
+            seed_elastic_demo,
+        )
+        from pipelines.models import Connection
 
         master = (self.cluster_info.master_url if self.cluster_info
                   else settings.SPARK_MASTER_URL)
@@ -138,11 +161,28 @@ class Command(BaseCommand):
         except HarnessError as exc:
             self.stderr.write(f"{exc}: the elastic demo is not seeded (runner log under "
                               f"{var / 'calibration'})")
-            return
+            return None
         user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
-        pipeline, policy = seed_elastic_demo(user, cal)
+        conn, _ = Connection.objects.get_or_create(name=DEMO_CONNECTION, defaults={
+            "kind": "redis", "created_by": user,
+            "description": "The product's own Redis (the demo's stream)."})
+        public, password = busmod.public_url(settings.REDIS_URL), _password(settings.REDIS_URL)
+        if (conn.kind, conn.url, conn.password) != ("redis", public, password):
+            conn.kind, conn.url, conn.password = "redis", public, password
+            conn.save()  # (audited: the password as "(old)" -> "(new)")
+        pipeline, policy = seed_elastic_demo(user, cal, stream=DEMO_STREAM)
         self.stdout.write(f"elastic demo: pipeline '{pipeline.name}' under policy "
                           f"'{policy.name}' ({pipeline.description})")
+        rate, period = feed_rate(calibration.step_plan(cal))
+        command = [sys.executable, "-m", "pipelines.feed", "redis", "--url", public,
+                   "--stream", DEMO_STREAM, "--rate", json.dumps(rate),
+                   "--keys", json.dumps(ELASTIC_DEFINITION["source"]["keys"]),
+                   "--seconds", str(period), "--repeat", "--seed", "41",
+                   # (about 10 minutes at the step's rate: a run never falls that far)
+                   "--maxlen", str(int(600 * calibration.step_plan(cal).high_rps))]
+        if password:
+            command += ["--password-env", FEED_PASSWORD_ENV]
+        return command
 
     @staticmethod
     def _use_redis(url: str) -> None:
@@ -154,10 +194,12 @@ class Command(BaseCommand):
             for host in layer.get("CONFIG", {}).get("hosts", []):
                 host["address"] = url
 
-    def _spawn(self, name: str, args: list[str], logs: Path) -> None:
+    def _spawn(self, name: str, args: list[str], logs: Path,
+               env: dict[str, str] | None = None) -> None:
         out = open(logs / f"{name}.log", "ab")
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=settings.BASE_DIR, start_new_session=True)
+                                cwd=settings.BASE_DIR, start_new_session=True,
+                                env={**os.environ, **(env or {})})
         self.procs.append((name, proc))
 
     def _watch(self) -> None:

@@ -120,6 +120,38 @@ def sink_for_run(spec: definition.PipelineSpec, t0: float) -> Any | None:
                        key_columns=("key",) if spec.output_mode == "update" else ())
 
 
+SOURCE_START_FILE = "source-start.json"
+
+
+def start_offset(spec: definition.PipelineSpec) -> int:
+    """The offset a run's first batch starts from (0 but for a pinned ``latest``)."""
+    return int((spec.raw.get("source") or {}).get("start_offset", 0))
+
+
+def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
+              ) -> definition.PipelineSpec:
+    """A ``latest`` source's start pinned for the run: the stream's end offset when the
+    run first started, kept in the run's folder (``SOURCE_START_FILE``) and read from
+    there on every later start and by the verifier. Other definitions unchanged."""
+    import json
+
+    source = spec.raw.get("source") or {}
+    if source.get("start") != "latest" or "start_offset" in source:
+        return spec
+    path = run_dir / SOURCE_START_FILE
+    try:
+        offset = int(json.loads(path.read_text())["offset"])
+    except FileNotFoundError:
+        if not create:
+            return spec
+        offset = offset_clock(spec, 0.0)._read_end()  # type: ignore[attr-defined]
+        run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"offset": offset, "pinned_at": time.time()}))
+        tmp.replace(path)
+    return definition.validate({**spec.raw, "source": {**source, "start_offset": offset}})
+
+
 class BrokerClock:
     """A broker's input by a time: its newest offset, asked for at most every
     ``REFRESH_S``, and what it was at earlier times (the ends seen, kept for

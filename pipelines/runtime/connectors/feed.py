@@ -114,13 +114,16 @@ class Publisher(Protocol):
 
 
 class RedisPublisher:
-    def __init__(self, r: redis.Redis, stream: str) -> None:
-        self.r, self.stream = r, stream
+    """``maxlen``: keep about that many entries (``XADD … MAXLEN ~``), for a feeder that
+    runs for ever; a run that falls further behind than that loses what was trimmed."""
+
+    def __init__(self, r: redis.Redis, stream: str, maxlen: int = 0) -> None:
+        self.r, self.stream, self.maxlen = r, stream, maxlen
 
     def send(self, feed: Feed, recs: workload.Records) -> None:
         pipe = self.r.pipeline(transaction=False)
         for entry in entries_for(feed, recs):
-            pipe.xadd(self.stream, entry)
+            pipe.xadd(self.stream, entry, maxlen=self.maxlen or None, approximate=True)
         pipe.execute()
 
     def held(self) -> int:
@@ -231,7 +234,7 @@ class FilesPublisher:
 # Every broker the feeder drives: its name -> how to make its publisher from the
 # command line's arguments.
 PUBLISHERS: dict[str, Callable[[argparse.Namespace], Publisher]] = {
-    "redis": lambda a: RedisPublisher(redis.Redis.from_url(a.url), a.stream),
+    "redis": lambda a: RedisPublisher(redis.Redis.from_url(a.url), a.stream, a.maxlen),
     "jetstream": lambda a: JetStreamPublisher(a.url, a.stream, a.subject),
     "files": lambda a: FilesPublisher(a.path, a.format, a.file_seconds),
 }
@@ -276,6 +279,18 @@ def publish_redis(r: redis.Redis, stream: str, feed: Feed, **kwargs: Any) -> int
     return publish(RedisPublisher(r, stream), stream, feed, **kwargs)
 
 
+def _public(url: str) -> str:
+    """A URL without its password, for a message."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
 def _json_arg(text: str, what: str) -> dict:
     try:
         doc = json.loads(text)
@@ -304,6 +319,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             p.add_argument("--url", default=DEFAULT_URLS[broker])
             p.add_argument("--stream", required=True)
+        if broker == "redis":
+            p.add_argument("--maxlen", type=int, default=0,
+                           help="keep about this many entries (0: all)")
         if broker == "jetstream":
             p.add_argument("--subject", default=None,
                            help="the subject to publish on (default: the stream's name)")
@@ -316,7 +334,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--records", type=int, default=0, help="stop after (0: never)")
         p.add_argument("--malformed", type=float, default=0.0,
                        help="share of records made bad on purpose, 0..1")
+        p.add_argument("--repeat", action="store_true",
+                       help="publish the --seconds of the rate shape again and again")
+        if broker != "files":
+            p.add_argument("--password-env", default=None, metavar="VAR",
+                           help="the server's password is in this environment variable "
+                           "(never on the command line)")
     args = parser.parse_args(argv)
+    if args.repeat and not args.seconds:
+        parser.error("--repeat needs --seconds (the length of one repetition)")
+    if getattr(args, "password_env", None):
+        import os
+
+        from pipelines.runtime import connectors
+
+        if args.password_env not in os.environ:
+            parser.error(f"--password-env: {args.password_env} is not set")
+        args.url = connectors.with_password(args.url, os.environ[args.password_env])
     if args.broker == "files" and not definition.RELATIVE_PATH.match(args.path):
         parser.error("--path must be a relative folder (under the files root) without ..")
     if not 0 <= args.malformed <= 1:
@@ -332,12 +366,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         publisher = PUBLISHERS[args.broker](args)
         publisher.held()
     except Exception as exc:  # noqa: BLE001 - any client's failure to reach its server
-        where = args.path if args.broker == "files" else args.url
+        where = args.path if args.broker == "files" else _public(args.url)
         print(f"feed: cannot reach {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     try:
-        publish(publisher, getattr(args, "stream", None) or args.path, feed,
-                say=lambda m: print(m, flush=True))
+        while True:
+            try:
+                publish(publisher, getattr(args, "stream", None) or args.path, feed,
+                        say=lambda m: print(m, flush=True))
+            except Exception as exc:  # noqa: BLE001 - a server gone for a while
+                if not args.repeat:
+                    raise
+                print(f"feed: {type(exc).__name__}: {exc}; again in 2 s", flush=True)
+                time.sleep(2)
+                continue
+            if not args.repeat:
+                break
     except KeyboardInterrupt:
         return 130
     return 0

@@ -73,6 +73,8 @@ class BrokerStreamReader(GeneratorStreamReader):
 
             connectors.register_connections(json.loads(options["secret"]))
         super().__init__(options)
+        if not self.start:  # a new run's first query: where its definition starts
+            self.start = int(self.spec.raw["source"].get("start_offset", 0))
         self.fields = declared_fields(self.spec)
         self.arrow_schema = pa.schema(
             [pa.field("seq", pa.int64(), nullable=False)]

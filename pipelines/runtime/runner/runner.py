@@ -124,7 +124,9 @@ class Runner:
         # (standby.StandbyConfig.runs): the run's end stops its query, not Spark.
         self.keep_session = keep_session
         self.listener: Any = None
-        self.spec = definition.validate(cfg.definition)
+        # (a source that starts at the stream's end: that end, pinned for the run)
+        self.spec = connectors.pin_start(definition.validate(cfg.definition),
+                                         Path(cfg.checkpoint_dir))
         self.stop_event = threading.Event()
         # Ids of the commands received: a resend of the same request is not applied twice.
         self.commands_seen: set[str] = set()
@@ -142,7 +144,8 @@ class Runner:
         # The query generations (a live re-plan starts the next one beside the current
         # one) and the arbiter that forwards each input range's output once (replan.py).
         self.generation = replan.Generation(0, self.spec.key_groups,
-                                            self.run_dir / "checkpoint")
+                                            self.run_dir / "checkpoint",
+                                            start=connectors.start_offset(self.spec))
         self.arbiter = replan.Arbiter(self.run_dir, self.generation)
         self.replanning = False
         # A seamless re-plan's state transfer, run only between the forwarded query's

@@ -553,8 +553,9 @@ def _validate(doc: Any) -> PipelineSpec:
         broker = _validate_files_source(src, "source")
     elif source_type in BROKER_SOURCES:
         _allowed(src, "source", {"type", "url", "connection", "stream", "fields",
-                                 "partitions", "rate", "keys"})
+                                 "partitions", "rate", "keys", "start", "start_offset"})
         broker = _validate_broker_stream(src, "source", source_type)
+        broker.update(_start_position(src, "source"))
     if source_type in BROKER_SOURCES:
         # The rate and key space a stream is expected to carry (modelled: what a run
         # plans with before it has measured the stream), as a generator's.
@@ -675,6 +676,20 @@ def _relative_path(doc: dict[str, Any], path: str) -> str:
         raise DefinitionError(f"{path}.path", "must be a relative directory (under the "
                               "files root) of letters, digits, _ . - and /, without ..")
     return value
+
+
+def _start_position(src: dict[str, Any], path: str) -> dict[str, Any]:
+    """Where a new run starts reading a stream: at its oldest record (``earliest``, the
+    default) or at its end when the run starts (``latest``: what came before is not
+    the run's). ``start_offset`` is that end, pinned by the runner on the run's first
+    start (``connectors.pin_start``) so that a restart, a re-plan and the verifier
+    start from the same offset."""
+    out: dict[str, Any] = {"start": _choice(src, "start", path, ("earliest", "latest"),
+                                            default="earliest")}
+    if "start_offset" in src:
+        out["start_offset"] = int(_number(src, "start_offset", path, lo=0, hi=2**63 - 1,
+                                          integer=True))
+    return out
 
 
 def _validate_files_source(src: dict[str, Any], path: str) -> dict[str, Any]:

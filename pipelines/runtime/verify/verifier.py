@@ -239,7 +239,10 @@ def verify(spec: definition.PipelineSpec, t0: float, checkpoint: Path | str,
                           report, progress)
         return report
     schedule, keys = spec.schedule(), spec.key_distribution()
-    starts = {b: ends.get(b - 1, 0) for b in committed}
+    from pipelines.runtime import connectors
+
+    first = connectors.start_offset(spec)  # (a stream read from its end at the start)
+    starts = {b: ends.get(b - 1, first) for b in committed}
     stateful = spec.stateful
     if stateful.type == "hft_window":
         _verify_hft(spec, t0, committed, starts, ends, output_dir, report, schedule, keys,
@@ -734,6 +737,7 @@ def verify_run_dir(run_dir: Path | str, progress: Progress | None = None) -> Ver
         from pipelines.runtime import connectors
 
         connectors.register_connections(cfg.get("connections"))
+        spec = connectors.pin_start(spec, run_dir, create=False)
         t0 = float(json.loads((run_dir / "t0").read_text())["t0"])
     except (OSError, KeyError, ValueError) as exc:
         raise RunDirError(f"cannot read the run in {run_dir}: {exc}") from exc
