@@ -45,13 +45,15 @@ SOURCE_TYPES = [("", "as in the JSON below"), ("generator", "generator (the prod
                 ("redis_stream", "Redis stream"), ("jetstream", "NATS JetStream stream"),
                 ("files", "files landing in a folder")]
 SINK_TYPES = [("", "as in the JSON below"), ("latency", "latency only (rows counted)"),
-              ("postgres", "PostgreSQL table"), ("parquet", "Parquet dataset")]
+              ("postgres", "PostgreSQL table"), ("parquet", "Parquet dataset"),
+              ("redis_stream", "Redis stream")]
 # The form's source and sink fields: which of them each type takes, as definition keys.
 SOURCE_WHERE = {"redis_stream": {"source_connection": "connection", "source_stream": "stream"},
                 "jetstream": {"source_connection": "connection", "source_stream": "stream"},
                 "files": {"source_path": "path", "source_format": "format"}}
 SINK_WHERE = {"postgres": {"sink_connection": "connection", "sink_table": "table"},
-              "parquet": {"sink_path": "path"}}
+              "parquet": {"sink_path": "path"},
+              "redis_stream": {"sink_connection": "connection", "sink_stream": "stream"}}
 # What a source keeps from the JSON when its type changes: the generator's workload, or
 # a broker's expected workload and its fields.
 KEEP = {"generator": ("seed", "partitions", "rate", "keys"),
@@ -108,8 +110,10 @@ class PipelineForm(forms.ModelForm):
                                       required=False, label="File format")
     sink_type = forms.ChoiceField(choices=SINK_TYPES, required=False, label="Sink")
     sink_connection = forms.ModelChoiceField(
-        Connection.objects.filter(kind="postgres"), required=False, to_field_name="name",
-        label="Sink connection", help_text="a PostgreSQL connection")
+        Connection.objects.filter(kind__in=("postgres", "redis")), required=False,
+        to_field_name="name", label="Sink connection",
+        help_text="a PostgreSQL connection (a table) or a Redis one (a stream)")
+    sink_stream = forms.CharField(required=False, max_length=256, label="Sink stream")
     sink_table = forms.CharField(required=False, max_length=130, label="Table")
     sink_path = forms.CharField(required=False, max_length=200, label="Dataset folder",
                                 help_text="relative to the files root")
@@ -126,7 +130,7 @@ class PipelineForm(forms.ModelForm):
         model = Pipeline
         fields = ["name", "description", "source_type", "source_connection", "source_stream",
                   "source_path", "source_format", "sink_type", "sink_connection",
-                  "sink_table", "sink_path", "definition"]
+                  "sink_table", "sink_path", "sink_stream", "definition"]
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

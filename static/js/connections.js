@@ -61,7 +61,8 @@
     source_type: { redis_stream: ["source_connection", "source_stream"],
                    jetstream: ["source_connection", "source_stream"],
                    files: ["source_path", "source_format"] },
-    sink_type: { postgres: ["sink_connection", "sink_table"], parquet: ["sink_path"] },
+    sink_type: { postgres: ["sink_connection", "sink_table"], parquet: ["sink_path"],
+                 redis_stream: ["sink_connection", "sink_stream"] },
   };
   for (const [select, byType] of Object.entries(shows)) {
     const el = document.getElementById("id_" + select);

@@ -301,24 +301,28 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
 
 def test_a_folder_of_landing_files_through_a_scale_up_is_counted_exactly_once(
         tmp_path: Path, spark_cluster: Any) -> None:
-    """JSON Lines files written by the feeder into a folder under the files root, one a
+    """JSON Lines files written by the feeder into a folder under the files root, two a
     second, 1 % of their lines malformed: the run reads them as they land, at most two
-    per batch, through a scale-up with migration; the verifier reads each batch's files
-    again (the folder's arrival manifest fixes which), and every malformed line is in
-    the folder's dead letters once, with its reason."""
+    per batch, through a scale-up with migration, into a Redis stream; the verifier
+    reads each batch's files again (the folder's arrival manifest fixes which) and the
+    output stream, and every malformed line is in the folder's dead letters once, with
+    its reason."""
     import shutil
 
     from pipelines.runtime import connectors
     from pipelines.runtime.connectors import files
 
     folder = f"tests/landing-{uuid.uuid4().hex[:8]}"
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
+    sink_stream = f"sw-test-out-{uuid.uuid4().hex[:8]}"
     doc = {"source": {"type": "files", "path": folder, "format": "jsonl",
                       "max_files_per_trigger": 2, "partitions": 2,
                       "rate": {"kind": "constant", "records_per_s": RATE},
                       "keys": {"kind": "zipf", "n": 300, "s": 1.0}},
            "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "mean",
                           "field": "value"}],
-           "sink": {"type": "latency", "keep_output": True},
+           "sink": {"type": "redis_stream", "url": redis_url, "stream": sink_stream,
+                    "keep_output": True},
            "key_groups": 4}
     spec = definition.validate(doc)
     source = files.files_source(spec)
@@ -342,6 +346,13 @@ def test_a_folder_of_landing_files_through_a_scale_up_is_counted_exactly_once(
         report = verify.verify(spec, run.t0, run.work / "checkpoint", run.work / "output")
         assert report.ok, report.problems
         assert report.output_rows > 100
+        # The output stream holds each committed batch once (its ledger), each key's
+        # last update the mean over its records (checked by the verifier).
+        assert report.sink_rows and report.sink_rows > 100
+        from pipelines.runtime.connectors.redis_sink import RedisStreamSink
+
+        out = RedisStreamSink.for_run(spec.sink, run.t0, ("key",))
+        assert set(out.written_epochs()) == _committed(run.work / "checkpoint")
         letters = files.dead_letters(source)
         kinds = feeder.malformed_kind(feed.seed, np.arange(total, dtype=np.int64),
                                       MALFORMED)
@@ -356,6 +367,7 @@ def test_a_folder_of_landing_files_through_a_scale_up_is_counted_exactly_once(
         assert len(landed) > 4 and max(b - a for a, b in zip(bounds, bounds[1:])) <= 2
     finally:
         shutil.rmtree(connectors.files_root() / folder, ignore_errors=True)
+        redis.Redis.from_url(redis_url).delete(sink_stream, sink_stream + ":sink-batches")
 
 
 def _ledger(table: str, t0: float) -> dict[int, int]:

@@ -177,3 +177,29 @@ def test_a_latest_start_is_pinned_once_for_the_run(stream, tmp_path) -> None:
     earliest = definition.validate({**spec.raw, "source": {**spec.raw["source"],
                                                            "start": "earliest"}})
     assert connectors.pin_start(earliest, tmp_path / "other") is earliest
+
+
+def test_a_batch_offered_twice_to_a_redis_stream_sink_is_added_once(stream) -> None:
+    import pyarrow as pa
+
+    from pipelines.runtime.connectors.redis_sink import RedisStreamSink
+
+    r, source = stream
+    sink = RedisStreamSink.for_run({"url": source.url, "stream": source.stream},
+                                   1700000000.5, ("key",))
+    other = RedisStreamSink.for_run({"url": source.url, "stream": source.stream},
+                                    1700000999.5, ("key",))  # another run, same stream
+    batch = pa.table({"key": [1, 2], "records": [1, 1], "agg": [0.25, 1.0]})
+    try:
+        assert sink.write(batch, 0) is True
+        assert sink.write(batch, 0) is False  # a retried batch, a second generation
+        assert sink.write(pa.table({"key": [2], "records": [3], "agg": [3.5]}), 1)
+        assert sink.write(pa.table({"key": [], "records": [], "agg": []}), 2)
+        assert other.write(batch, 0) is True
+        assert sink.written_epochs() == {0: 2, 1: 1, 2: 0}
+        assert r.xlen(source.stream) == 5
+        latest = sink.latest().set_index("key")
+        assert latest.loc[2, "records"] == 3 and latest.loc[2, "agg"] == 3.5
+        assert latest.loc[1, "agg"] == 0.25 and len(latest) == 2
+    finally:
+        r.delete(sink.ledger)

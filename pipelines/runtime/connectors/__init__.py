@@ -103,6 +103,7 @@ def files_root() -> Path:
 SINKS: dict[str, str] = {
     "postgres": "pipelines.runtime.connectors.postgres_sink:PostgresSink",
     "parquet": "pipelines.runtime.connectors.parquet_sink:ParquetSink",
+    "redis_stream": "pipelines.runtime.connectors.redis_sink:RedisStreamSink",
 }
 
 

@@ -54,7 +54,7 @@ CONNECTION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 MAX_FILES_PER_TRIGGER = 10_000
 # A chain's sinks: the latency sink (rows counted, or kept as Parquet for the verifier),
 # a PostgreSQL table or a Parquet dataset, each written once per batch (``connectors/``).
-CHAIN_SINKS = ("latency", "postgres", "parquet")
+CHAIN_SINKS = ("latency", "postgres", "parquet", "redis_stream")
 # A Parquet sink's directory: relative, under the files root (``connectors.files_root``).
 RELATIVE_PATH = re.compile(r"^(?!/)(?!.*(?:^|/)\.\.(?:/|$))[A-Za-z0-9_./-]{1,200}$")
 # A JetStream stream's name: no whitespace, ".", "*", ">" or path separators
@@ -583,7 +583,9 @@ def _validate(doc: Any) -> PipelineSpec:
     sink = _obj(doc.get("sink", {"type": "latency"}), "sink")
     sink_type = _choice(sink, "type", "sink", CHAIN_SINKS, default="latency")
     _allowed(sink, "sink", {"type", "keep_output"} | {"postgres": {"url", "connection", "table"},
-                                                      "parquet": {"path"}}.get(sink_type, set()))
+                                                      "parquet": {"path"},
+                                                      "redis_stream": {"url", "connection",
+                                                                       "stream"}}.get(sink_type, set()))
     keep_output = sink.get("keep_output", True)
     if not isinstance(keep_output, bool):
         raise DefinitionError("sink.keep_output", "must be true or false")
@@ -592,6 +594,13 @@ def _validate(doc: Any) -> PipelineSpec:
         sink_doc.update(_validate_postgres_sink(sink, "sink"))
     elif sink_type == "parquet":
         sink_doc["path"] = _relative_path(sink, "sink")
+    elif sink_type == "redis_stream":
+        sink_doc.update(_server(sink, "sink", SERVER_SCHEMES["redis"],
+                                "redis://127.0.0.1:6379/0"))
+        stream = sink.get("stream")
+        if not isinstance(stream, str) or not 0 < len(stream) <= 256:
+            raise DefinitionError("sink.stream", "must be a stream name of 1-256 characters")
+        sink_doc["stream"] = stream
     options = _run_options(doc)
     if source_type in BROKER_SOURCES and ops[stateful[0]].type != "keyed_aggregate":
         raise DefinitionError(f"operators[{stateful[0]}]", f"a {source_type} source feeds a "

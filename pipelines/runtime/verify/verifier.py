@@ -576,9 +576,15 @@ def _verify_aggregate(spec: definition.PipelineSpec, t0: float, committed: list[
                            f"batch {b}: key {int(common[i])} has records="
                            f"{int(rows['records'].iloc[i])}, agg={rows['agg'].iloc[i]!r}; "
                            f"expected {int(count[at][i])}, {want_agg[i]!r}")
-    if spec.sink.get("type") in ("postgres", "parquet"):
+    if spec.sink.get("type") in connectors_sinks():
         final = _aggregate(agg, count, total, peak)
         _verify_sink_table(spec, t0, committed, table, count, final, report)
+
+
+def connectors_sinks() -> tuple[str, ...]:
+    from pipelines.runtime import connectors
+
+    return tuple(connectors.SINKS)
 
 
 def _aggregate(agg: str, count: np.ndarray, total: np.ndarray, peak: np.ndarray
@@ -607,6 +613,8 @@ def _sink_contents(spec: definition.PipelineSpec, t0: float
             names, rows = sink.read(conn)
             written = sink.written_epochs(conn)
         return spec.sink["table"], pd.DataFrame(rows, columns=names), written
+    if spec.sink["type"] == "redis_stream":
+        return f"the Redis stream {spec.sink['stream']}", sink.latest(), sink.written_epochs()
     return f"Parquet {sink.directory}", sink.latest(), sink.written_epochs()
 
 
