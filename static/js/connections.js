@@ -53,6 +53,27 @@
         return div;
       }));
       out.dataset.fields = JSON.stringify(res.fields || {});
+      // The fields found, fixed in the definition on request (those of a declared type).
+      const declarable = Object.fromEntries(Object.entries(res.fields || {})
+        .filter(([, kind]) => ["long", "double", "string"].includes(kind)));
+      if (res.ok && Object.keys(declarable).length) {
+        const use = document.createElement("button");
+        use.type = "button";
+        use.id = "use-fields";
+        use.textContent = "Use these fields";
+        use.addEventListener("click", () => {
+          const area = document.getElementById("id_definition");
+          let doc;
+          try { doc = JSON.parse(area.value); } catch (e) {
+            use.replaceWith(document.createTextNode("the JSON below does not parse: " + e.message));
+            return;
+          }
+          doc.source = Object.assign({}, doc.source || {}, { fields: declarable });
+          area.value = JSON.stringify(doc, null, 2);
+          use.replaceWith(document.createTextNode("fields written into the definition"));
+        });
+        out.appendChild(use);
+      }
     });
   }
 

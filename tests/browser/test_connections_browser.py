@@ -98,6 +98,11 @@ def test_connections_and_a_redis_to_postgres_pipeline_made_in_the_forms_deliver_
         assert json.loads(result) == {"key": "long", "value": "double"}, result
         text = browser.find_element(By.ID, "test-source-result").text
         assert "fields: key long, value double" in text and "backlog:" in text, text
+        # The schema found, fixed in the definition.
+        browser.find_element(By.ID, "use-fields").click()
+        written = json.loads(browser.find_element(By.ID, "id_definition").get_attribute(
+            "value"))
+        assert written["source"]["fields"] == {"key": "long", "value": "double"}
         browser.find_element(By.ID, "save-pipeline").click()
         WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/pipelines/"))
         saved = Pipeline.objects.get(name="orders-to-postgres").definition
