@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # run in the database lane's PostgreSQL pass instead (measured one after another at
 # a6fb6e8..4621a36: dbless ~1,100 s, database ~700 s without the closed loop; these
 # two files ~180 s).
-DATABASE_LANE_FILES = ("test_plan_spark.py", "test_elastic_spark.py")
+DATABASE_LANE_FILES = ("test_plan_spark.py", "test_elastic_spark.py",
+                       "test_jetstream_files_spark.py")
 
 
 def folder_marker(conftest_file: str, marker: str) -> Callable[[list[pytest.Item]], None]:
