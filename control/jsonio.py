@@ -11,7 +11,9 @@ class InputError(ValueError):
     """Bad CLI input; the message is the one line printed after ``error:``."""
 
 
-MAX_DIGITS = 18  # every whole number the product takes fits a 64-bit integer
+# Every whole number the product takes fits a 64-bit integer (a Redis stream's packed
+# entry IDs, 19 digits, among them).
+MAX_DIGITS = 19
 # No document the product reads nests deeper than a few levels; a deeper one would only
 # make each later walk of it (validation, the audit's copy) recurse that far.
 MAX_DEPTH = 64
@@ -21,7 +23,11 @@ def _whole(text: str) -> int:
     if len(text.lstrip("-")) > MAX_DIGITS:
         raise InputError(f"invalid JSON: the number {text[:12]}... has more than "
                          f"{MAX_DIGITS} digits")
-    return int(text)
+    value = int(text)
+    if not -(1 << 63) <= value < (1 << 63):
+        raise InputError(f"invalid JSON: the number {text[:12]}... is outside a 64-bit "
+                         "integer")
+    return value
 
 
 def _real(text: str) -> float:

@@ -171,6 +171,10 @@ def test_a_latest_start_is_pinned_once_for_the_run(stream, tmp_path) -> None:
     pinned = connectors.pin_start(spec, tmp_path)
     end = rs.end_offset(r, source.stream)
     assert connectors.start_offset(pinned) == end > 0
+    # A packed ID has 19 digits: it survives the JSON a Spark reader gets its spec in.
+    import json
+
+    assert connectors.start_offset(definition.parse(json.dumps(pinned.raw))) == end
     r.xadd(source.stream, {"key": "2", "value": "2"})
     again = connectors.pin_start(spec, tmp_path)  # a restart: the same offset
     assert connectors.start_offset(again) == end

@@ -53,8 +53,9 @@ def test_json_syntax_error_gives_line_and_column() -> None:
 
 
 @pytest.mark.parametrize("text, words", [
-    ('{"key_groups": 1' + "0" * 5000 + "}", "more than 18 digits"),
-    ('{"key_groups": 10000000000000000000}', "more than 18 digits"),
+    ('{"key_groups": 1' + "0" * 5000 + "}", "more than 19 digits"),
+    ('{"key_groups": 10000000000000000000}', "more than 19 digits"),
+    ('{"key_groups": 9999999999999999999}', "outside a 64-bit integer"),
     ('{"key_groups": NaN}', "NaN is not a number JSON allows"),
     ('{"key_groups": -Infinity}', "-Infinity is not a number JSON allows"),
     ('{"key_groups": 1e999}', "out of range"),
@@ -105,7 +106,7 @@ def test_pipeline_form_shows_definition_errors_and_keeps_stored_version() -> Non
     form = PipelineForm({"name": "p", "description": "", "definition": huge},
                         instance=pipeline)
     assert not form.is_valid()
-    assert "more than 18 digits" in form.errors["definition"][0]
+    assert "more than 19 digits" in form.errors["definition"][0]
 
     form = PipelineForm({"name": "p", "description": "",
                          "definition": json.dumps(broken(["key_groups"], 16))},
@@ -133,7 +134,7 @@ def test_pipeline_form_shows_definition_errors_and_keeps_stored_version() -> Non
     ("alert_webhook", "http://169.254.169.254/latest/meta-data/", "not a public address"),
     ("alert_webhook", "ftp://203.0.113.9/alerts", "http or https, not ftp"),
     ("strategy_params", '{"alpha": NaN}', "NaN is not a number JSON allows"),
-    ("strategy_params", '{"horizon": 1' + "0" * 5000 + "}", "more than 18 digits"),
+    ("strategy_params", '{"horizon": 1' + "0" * 5000 + "}", "more than 19 digits"),
 ])
 def test_policy_form_rejects_out_of_range(field, value, message) -> None:
     from control.forms import PolicyForm

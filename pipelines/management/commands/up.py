@@ -178,8 +178,9 @@ class Command(BaseCommand):
                    "--stream", DEMO_STREAM, "--rate", json.dumps(rate),
                    "--keys", json.dumps(ELASTIC_DEFINITION["source"]["keys"]),
                    "--seconds", str(period), "--repeat", "--seed", "41",
-                   # (about 10 minutes at the step's rate: a run never falls that far)
-                   "--maxlen", str(int(600 * calibration.step_plan(cal).high_rps))]
+                   # (about 3 minutes at the step's rate, ~35 bytes an entry: a run of
+                   # the demo never falls that far behind)
+                   "--maxlen", str(int(180 * calibration.step_plan(cal).high_rps))]
         if password:
             command += ["--password-env", FEED_PASSWORD_ENV]
         return command
