@@ -29,30 +29,47 @@ DEMO_CYCLES, DEMO_REST_S = 6, 120
 NEXMARK_RATE = 500  # events/s: well within one 1-core executor here
 
 
-def feed_rate(plan: calibration.StepPlan) -> tuple[dict[str, Any], int]:
-    """The feeder's rate for the demo on a Redis stream, and the seconds of one
-    repetition (``python -m pipelines.feed --repeat``): low, the step above one worker's
-    capacity as long as in the generator's demo, low again for FEED_REST_S. A run
-    started at any moment meets a step within ``up_at + FEED_REST_S`` seconds."""
-    return plan.rate(1, 0), plan.down_at_s + FEED_REST_S
+# The stream demo: the feeder (started by ``manage.py up``) publishes orders into a
+# Redis stream of the product's own Redis, a few malformed on purpose; a pipeline reads
+# them through a connection. Its rate is low enough that the feeder (a Python process
+# beside Spark on the same cores) costs little: the elastic demo's step, 110 % of a
+# worker's measured capacity, would need a core of its own to publish.
+STREAM_PIPELINE = "orders-from-redis"
+STREAM_NAME = "orders"
+STREAM_CONNECTION = "local-redis"
+STREAM_RATE = 2000  # records/s
+STREAM_KEYS = {"kind": "zipf", "n": 1000, "s": 1.1}
+STREAM_MALFORMED = 0.005
 
 
-# The low stretch after a step in the fed demo: short, so that a run started just after
-# a step meets the next one soon (its scale-down, which moves the state back, fits).
-FEED_REST_S = 45
-DEMO_STREAM = "elastic-demo"
-DEMO_CONNECTION = "local-redis"
+def seed_stream_demo(user: Any) -> Pipeline:
+    """The pipeline that reads the feeder's Redis stream (``STREAM_CONNECTION`` must
+    exist: ``manage.py up`` keeps it)."""
+    doc = {"source": {"type": "redis_stream", "connection": STREAM_CONNECTION,
+                      "stream": STREAM_NAME, "start": "latest", "partitions": 2,
+                      "rate": {"kind": "constant", "records_per_s": STREAM_RATE},
+                      "keys": STREAM_KEYS},
+           "operators": [{"type": "filter", "field": "value", "op": "<", "value": 990},
+                         {"type": "keyed_aggregate", "key": "key", "agg": "sum",
+                          "field": "value"}],
+           "sink": {"type": "latency", "keep_output": True},
+           "key_groups": 8}
+    pipeline = Pipeline.objects.filter(name=STREAM_PIPELINE).first() or Pipeline(
+        name=STREAM_PIPELINE)
+    pipeline.definition = doc
+    pipeline.description = (
+        f"Order values summed per customer, read from the Redis stream '{STREAM_NAME}' "
+        f"(from its end when the run starts) that the feeder fills at {STREAM_RATE:,} "
+        f"records/s, {STREAM_MALFORMED:.1%} of them malformed on purpose: the run page "
+        "counts its dead letters.")
+    return actions.save_pipeline(pipeline, user)
 
 
-def seed_elastic_demo(user: Any, cal: calibration.Calibration,
-                      stream: str | None = None) -> tuple[Pipeline, Policy]:
+def seed_elastic_demo(user: Any, cal: calibration.Calibration) -> tuple[Pipeline, Policy]:
     """The demo that shows the product's main job: a rate that steps above one worker's
     measured capacity and back, under a Lat-Node MPC that scales the run 1 -> 2 -> 1
-    workers (moving keyed state each time). With ``stream``, the run reads the records
-    the feeder publishes there (``manage.py up`` starts it) through the connection
-    ``DEMO_CONNECTION``, from the stream's end when it starts; else the generator makes
-    them, the step timed from the run's start. Re-seeding after a new calibration makes
-    a new pipeline version and updates the policy's bound."""
+    workers (moving keyed state each time). Re-seeding after a new calibration makes a
+    new pipeline version and updates the policy's bound."""
     plan = calibration.step_plan(cal)
     doc = json.loads(json.dumps(ELASTIC_DEFINITION))
     doc["source"]["rate"] = plan.rate(DEMO_CYCLES, DEMO_REST_S)
@@ -61,19 +78,6 @@ def seed_elastic_demo(user: Any, cal: calibration.Calibration,
         f"{plan.high_rps:,.0f} (110 % of one worker's measured capacity, "
         f"{cal.capacity_rps:,.0f} records/s) from {plan.up_at_s} s to {plan.down_at_s} s "
         f"after start, then back; {DEMO_CYCLES} cycles.")
-    if stream is not None:
-        rate, period = feed_rate(plan)
-        source = doc["source"]
-        doc["source"] = {"type": "redis_stream", "connection": DEMO_CONNECTION,
-                         "stream": stream, "start": "latest",
-                         "partitions": source["partitions"], "keys": source["keys"],
-                         "rate": rate}  # (modelled: what the feeder publishes)
-        description = (
-            f"Keyed count over 1M uniform keys, read from the Redis stream '{stream}' "
-            f"(from its end when the run starts). The feeder publishes "
-            f"{plan.low_rps:,.0f} records/s, stepping to {plan.high_rps:,.0f} (110 % of "
-            f"one worker's measured capacity, {cal.capacity_rps:,.0f} records/s) for "
-            f"{plan.down_at_s - plan.up_at_s} s every {period} s.")
     pipeline = Pipeline.objects.filter(name=ELASTIC_PIPELINE).first()
     if pipeline is None:
         pipeline = Pipeline(name=ELASTIC_PIPELINE)

@@ -122,31 +122,55 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from exc
             self.stdout.write(f"Spark master {self.cluster_info.master_url} "
                               f"(UI {self.cluster_info.master_web})")
-        feeder = self._seed_elastic_demo(var)
+        self._seed_elastic_demo(var)
+        feeder = self._seed_stream_demo()
         for name, args in product_processes(options["port"], var).items():
             self._spawn(name, args, logs)
-        if feeder is not None:
-            self._spawn("feeder", feeder, logs, env={FEED_PASSWORD_ENV: _password(
-                settings.REDIS_URL)})
+        self._spawn("feeder", feeder, logs, env={FEED_PASSWORD_ENV: _password(
+            settings.REDIS_URL)})
         self.stdout.write(self.style.SUCCESS(
             f"\nStreamwise is up: http://127.0.0.1:{options['port']}/  (logs in {logs})\n"
             "Ctrl-C stops everything."))
 
-    def _seed_elastic_demo(self, var: Path) -> list[str] | None:
-        """Measure one worker's capacity (first start only; ~2 min), then seed the
-        elastic demo from it, so that its rate step needs a second worker on this
-        machine, whatever its speed. The demo reads a Redis stream that the feeder
-        fills (its command is returned, for ``_start`` to run beside the product), through
-        the connection to the product's own Redis."""
+    def _seed_stream_demo(self) -> list[str]:
+        """The connection to the product's own Redis (its password in the connection),
+        the pipeline that reads the stream demo's orders through it, and the feeder's
+        command (``_start`` runs it beside the product; its password in the
+        environment)."""
         from django.contrib.auth import get_user_model
 
-        from pipelines.management.commands.seed_demo import (
-            DEMO_CONNECTION,
-            DEMO_STREAM,
-            feed_rate,
-            seed_elastic_demo,
-        )
+        from pipelines.management.commands import seed_demo as demo
         from pipelines.models import Connection
+
+        user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
+        conn, _ = Connection.objects.get_or_create(name=demo.STREAM_CONNECTION, defaults={
+            "kind": "redis", "created_by": user,
+            "description": "The product's own Redis (the stream demo's orders)."})
+        public, password = busmod.public_url(settings.REDIS_URL), _password(settings.REDIS_URL)
+        if (conn.kind, conn.url, conn.password) != ("redis", public, password):
+            conn.kind, conn.url, conn.password = "redis", public, password
+            conn.save()  # (audited: the password as "(old)" -> "(new)")
+        pipeline = demo.seed_stream_demo(user)
+        self.stdout.write(f"stream demo: pipeline '{pipeline.name}' ({pipeline.description})")
+        command = [sys.executable, "-m", "pipelines.feed", "redis", "--url", public,
+                   "--stream", demo.STREAM_NAME,
+                   "--rate", json.dumps({"kind": "constant",
+                                         "records_per_s": demo.STREAM_RATE}),
+                   "--keys", json.dumps(demo.STREAM_KEYS),
+                   "--malformed", str(demo.STREAM_MALFORMED),
+                   # (3 minutes of orders: a run of the demo never falls that far behind)
+                   "--maxlen", str(180 * demo.STREAM_RATE)]
+        if password:
+            command += ["--password-env", FEED_PASSWORD_ENV]
+        return command
+
+    def _seed_elastic_demo(self, var: Path) -> None:
+        """Measure one worker's capacity (first start only; ~2 min), then seed the
+        elastic demo from it, so that its rate step needs a second worker on this
+        machine, whatever its speed."""
+        from django.contrib.auth import get_user_model
+
+        from pipelines.management.commands.seed_demo import seed_elastic_demo
 
         master = (self.cluster_info.master_url if self.cluster_info
                   else settings.SPARK_MASTER_URL)
@@ -161,29 +185,11 @@ class Command(BaseCommand):
         except HarnessError as exc:
             self.stderr.write(f"{exc}: the elastic demo is not seeded (runner log under "
                               f"{var / 'calibration'})")
-            return None
+            return
         user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
-        conn, _ = Connection.objects.get_or_create(name=DEMO_CONNECTION, defaults={
-            "kind": "redis", "created_by": user,
-            "description": "The product's own Redis (the demo's stream)."})
-        public, password = busmod.public_url(settings.REDIS_URL), _password(settings.REDIS_URL)
-        if (conn.kind, conn.url, conn.password) != ("redis", public, password):
-            conn.kind, conn.url, conn.password = "redis", public, password
-            conn.save()  # (audited: the password as "(old)" -> "(new)")
-        pipeline, policy = seed_elastic_demo(user, cal, stream=DEMO_STREAM)
+        pipeline, policy = seed_elastic_demo(user, cal)
         self.stdout.write(f"elastic demo: pipeline '{pipeline.name}' under policy "
                           f"'{policy.name}' ({pipeline.description})")
-        rate, period = feed_rate(calibration.step_plan(cal))
-        command = [sys.executable, "-m", "pipelines.feed", "redis", "--url", public,
-                   "--stream", DEMO_STREAM, "--rate", json.dumps(rate),
-                   "--keys", json.dumps(ELASTIC_DEFINITION["source"]["keys"]),
-                   "--seconds", str(period), "--repeat", "--seed", "41",
-                   # (about 3 minutes at the step's rate, ~35 bytes an entry: a run of
-                   # the demo never falls that far behind)
-                   "--maxlen", str(int(180 * calibration.step_plan(cal).high_rps))]
-        if password:
-            command += ["--password-env", FEED_PASSWORD_ENV]
-        return command
 
     @staticmethod
     def _use_redis(url: str) -> None:
