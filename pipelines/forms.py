@@ -62,6 +62,18 @@ KEEP = {"generator": ("seed", "partitions", "rate", "keys"),
         "files": ("partitions", "rate", "keys", "fields", "max_files_per_trigger")}
 
 
+def _section_values(fields: dict[str, str], data: dict) -> dict:
+    """A section's filled-in form fields as definition keys (a connection by name)."""
+    out = {}
+    for field_name, key in fields.items():
+        value = data.get(field_name)
+        if isinstance(value, Connection):
+            value = value.name
+        if value not in (None, ""):
+            out[key] = value
+    return out
+
+
 def with_sections(doc: dict, data: dict) -> dict:
     """A chain definition with the form's source and sink sections written into it
     (a section left "as in the JSON" changes nothing)."""
@@ -74,23 +86,13 @@ def with_sections(doc: dict, data: dict) -> dict:
         src = {"type": kind, **{k: old[k] for k in KEEP[kind] if k in old}}
         if kind == "generator":
             src.setdefault("seed", 7)
-        for field_name, key in SOURCE_WHERE.get(kind, {}).items():
-            value = data.get(field_name)
-            if isinstance(value, Connection):
-                value = value.name
-            if value not in (None, ""):
-                src[key] = value
+        src.update(_section_values(SOURCE_WHERE.get(kind, {}), data))
         out["source"] = src
     kind = data.get("sink_type")
     if kind:
         old = dict(doc.get("sink") or {})
         sink = {"type": kind, "keep_output": old.get("keep_output", True)}
-        for field_name, key in SINK_WHERE.get(kind, {}).items():
-            value = data.get(field_name)
-            if isinstance(value, Connection):
-                value = value.name
-            if value not in (None, ""):
-                sink[key] = value
+        sink.update(_section_values(SINK_WHERE.get(kind, {}), data))
         out["sink"] = sink
     return out
 

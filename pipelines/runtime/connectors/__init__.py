@@ -14,6 +14,7 @@ import bisect
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -145,7 +146,9 @@ def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
     except FileNotFoundError:
         if not create:
             return spec
-        offset = offset_clock(spec, 0.0)._read_end()  # type: ignore[attr-defined]
+        access = source_access(spec)
+        assert access is not None  # (a latest start is a broker's)
+        offset = access.end_offset()
         run_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"offset": offset, "pinned_at": time.time()}))
@@ -153,18 +156,54 @@ def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
     return definition.validate({**spec.raw, "source": {**source, "start_offset": offset}})
 
 
+@dataclass(frozen=True)
+class SourceAccess:
+    """What the runner reads of a source outside Spark: its newest offset and its dead
+    letters so far."""
+
+    end_offset: Callable[[], int]
+    dead_letters: Callable[[], int]
+
+
+def source_access(spec: definition.PipelineSpec) -> SourceAccess | None:
+    """How to read a broker or folder source's newest offset and dead-letter count (None
+    for the product's own generators)."""
+    kind = spec.source_type
+    if kind == "redis_stream":
+        from pipelines.runtime.connectors import redis_stream as rs
+
+        rsource = rs.stream_source(spec)
+        return SourceAccess(
+            lambda: rs.end_offset(rs.connection(rsource.url), rsource.stream),
+            lambda: rs.dead_letter_count(rs.connection(rsource.url), rsource))
+    if kind == "jetstream":
+        from pipelines.runtime.connectors import jetstream as jsc
+
+        jsource = jsc.stream_source(spec)
+        return SourceAccess(
+            lambda: jsc.end_offset(jsc.connection(jsource.url), jsource.stream),
+            lambda: jsc.dead_letter_count(jsc.connection(jsource.url), jsource))
+    if kind == "files":
+        from pipelines.runtime.connectors import files
+
+        fsource = files.files_source(spec)
+        return SourceAccess(lambda: files.end_offset(fsource),
+                            lambda: files.dead_letter_count(fsource))
+    return None
+
+
 class BrokerClock:
     """A broker's input by a time: its newest offset, asked for at most every
     ``REFRESH_S``, and what it was at earlier times (the ends seen, kept for
     ``HISTORY_S``), so that "how much arrived in the last few seconds" has an answer
-    where the offsets carry no time (a JetStream sequence)."""
+    where the offsets carry no time (a JetStream sequence, a folder's files)."""
 
     REFRESH_S = 0.2
     HISTORY_S = 600.0
 
-    def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
+    def __init__(self, read_end: Callable[[], int], t0: float | Callable[[], float]
                  ) -> None:
-        self.spec = spec
+        self._read_end = read_end
         # The run's start, or how to read it (a runner learns it after its metrics exist).
         self._t0 = t0
         self._seen: list[tuple[float, int]] = []  # (epoch seconds, newest end), in order
@@ -172,9 +211,6 @@ class BrokerClock:
     @property
     def t0(self) -> float:
         return self._t0() if callable(self._t0) else self._t0
-
-    def _read_end(self) -> int:
-        raise NotImplementedError
 
     def _newest_end(self) -> int:
         now = time.time()
@@ -201,84 +237,23 @@ class RedisStreamClock(BrokerClock):
     the input by ``t`` is the entry IDs up to that millisecond, but no further than the
     stream's newest entry (an idle stream has no input waiting)."""
 
-    def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
-                 ) -> None:
-        from pipelines.runtime.connectors import redis_stream as rs
-
-        super().__init__(spec, t0)
-        self.rs = rs
-        self.source = rs.stream_source(spec)
-
-    def _read_end(self) -> int:
-        return self.rs.end_offset(self.rs.connection(self.source.url), self.source.stream)
-
     def records_by(self, t: float) -> int:
+        from pipelines.runtime.connectors.redis_stream import SEQ_BITS
+
         ms = max(0, int((self.t0 + t) * 1000))
-        return min(ms << self.rs.SEQ_BITS, self._newest_end())
-
-
-class JetStreamClock(BrokerClock):
-    """A JetStream stream's offsets are sequences: the input by a time is the last
-    sequence seen by then."""
-
-    def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
-                 ) -> None:
-        from pipelines.runtime.connectors import jetstream as jsc
-
-        super().__init__(spec, t0)
-        self.jsc = jsc
-        self.source = jsc.stream_source(spec)
-
-    def _read_end(self) -> int:
-        return self.jsc.end_offset(self.jsc.connection(self.source.url), self.source.stream)
-
-
-class FilesClock(BrokerClock):
-    """A directory's offsets are its landed files: the input by a time is the files
-    the manifest held by then."""
-
-    def __init__(self, spec: definition.PipelineSpec, t0: float | Callable[[], float]
-                 ) -> None:
-        from pipelines.runtime.connectors import files
-
-        super().__init__(spec, t0)
-        self.files = files
-        self.source = files.files_source(spec)
-
-    def _read_end(self) -> int:
-        return self.files.end_offset(self.source)
+        return min(ms << SEQ_BITS, self._newest_end())
 
 
 def dead_letter_counter(spec: definition.PipelineSpec) -> Callable[[], int | None] | None:
     """A function that counts the run's dead letters so far (None for a source that
     has none: the generator's records always convert)."""
-    if spec.source_type == "redis_stream":
-        from pipelines.runtime.connectors import redis_stream as rs
-
-        source = rs.stream_source(spec)
-
-        def read() -> int:
-            return rs.dead_letter_count(rs.connection(source.url), source)
-    elif spec.source_type == "jetstream":
-        from pipelines.runtime.connectors import jetstream as jsc
-
-        js_source = jsc.stream_source(spec)
-
-        def read() -> int:
-            return jsc.dead_letter_count(jsc.connection(js_source.url), js_source)
-    elif spec.source_type == "files":
-        from pipelines.runtime.connectors import files
-
-        files_source = files.files_source(spec)
-
-        def read() -> int:
-            return files.dead_letter_count(files_source)
-    else:
+    access = source_access(spec)
+    if access is None:
         return None
 
     def count() -> int | None:
         try:
-            return read()
+            return access.dead_letters()
         except Exception:  # noqa: BLE001 - a count missing for a batch, not a failed run
             return None
 
@@ -287,11 +262,22 @@ def dead_letter_counter(spec: definition.PipelineSpec) -> Callable[[], int | Non
 
 def offset_clock(spec: definition.PipelineSpec, t0: float | Callable[[], float]
                  ) -> OffsetClock:
-    """The input's reach in the run's offsets, and its scheduled rate (module docstring)."""
-    if spec.source_type == "redis_stream":
-        return RedisStreamClock(spec, t0)
-    if spec.source_type == "jetstream":
-        return JetStreamClock(spec, t0)
-    if spec.source_type == "files":
-        return FilesClock(spec, t0)
-    return spec.schedule()
+    """The input's reach in the run's offsets, and its scheduled rate (module docstring):
+    a broker's or folder's own clock (a Redis stream's IDs carry time; a JetStream
+    sequence or a folder's files do not), else the generator's schedule."""
+    access = source_access(spec)
+    if access is None:
+        return spec.schedule()
+    clock = RedisStreamClock if spec.source_type == "redis_stream" else BrokerClock
+    return clock(access.end_offset, t0)
+
+
+def latest_rows(df: Any, key_columns: tuple[str, ...]) -> Any:
+    """Each key's row from the highest epoch that holds it (update mode's current
+    value), or every row when the sink appends (a sink's rows as a pandas DataFrame
+    with their ``epoch``)."""
+    if df.empty or not key_columns:
+        return df
+    return (df.sort_values("epoch", kind="stable")
+            .drop_duplicates(list(key_columns), keep="last")
+            .reset_index(drop=True))

@@ -89,11 +89,7 @@ class ParquetSink:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def latest(self) -> Any:
-        """Each key's row from the highest epoch that holds it (update mode's current
-        value); every row when the sink appends."""
-        df = self.rows()
-        if df.empty or not self.key_columns:
-            return df
-        return (df.sort_values("epoch", kind="stable")
-                .drop_duplicates(list(self.key_columns), keep="last")
-                .reset_index(drop=True))
+        """Each key's current row (``connectors.latest_rows``)."""
+        from pipelines.runtime import connectors
+
+        return connectors.latest_rows(self.rows(), self.key_columns)

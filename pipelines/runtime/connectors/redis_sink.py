@@ -107,9 +107,7 @@ class RedisStreamSink:
         return df
 
     def latest(self) -> Any:
-        df = self.rows()
-        if df.empty or not self.key_columns:
-            return df
-        return (df.sort_values("epoch", kind="stable")
-                .drop_duplicates(list(self.key_columns), keep="last")
-                .reset_index(drop=True))
+        """Each key's current row (``connectors.latest_rows``)."""
+        from pipelines.runtime import connectors
+
+        return connectors.latest_rows(self.rows(), self.key_columns)
