@@ -5,6 +5,7 @@ import logging
 
 from django import forms
 
+from control import jsonio
 from control.models import Policy
 from pipelines.models import Connection, Pipeline
 from pipelines.runtime.spec import definition as pdef
@@ -151,27 +152,18 @@ class PipelineForm(forms.ModelForm):
         for field_name, key in SINK_WHERE.get(sink.get("type"), {}).items():
             self.initial.setdefault(field_name, sink.get(key))
 
-    def clean(self) -> dict:
-        data = super().clean()
-        doc = data.get("definition")
-        if isinstance(doc, dict):
-            merged = with_sections(doc, data)
-            if merged != doc:
-                spec, error = definition_error(merged)
-                if spec is None:
-                    self.add_error(None, error)
-                    return data
-                try:
-                    _check_connections(spec.raw)
-                except forms.ValidationError as exc:
-                    self.add_error(None, exc)
-                    return data
-                data["definition"] = spec.raw
-                self.instance.definition = spec.raw
-        return data
-
     def clean_definition(self) -> dict:
-        spec, error = definition_error(self.cleaned_data["definition"])
+        """The JSON with the source and sink sections written into it, validated as one
+        (the JSON alone may hold what only the sections make valid: the fields a Test
+        connection found, for a generator the form turns into a stream). The sections'
+        fields come before this one, so they are cleaned already."""
+        text = self.cleaned_data["definition"]
+        try:
+            doc = jsonio.loads(text)
+        except jsonio.InputError:
+            doc = None
+        merged = with_sections(doc, self.cleaned_data) if isinstance(doc, dict) else text
+        spec, error = definition_error(merged)
         if spec is None:
             raise forms.ValidationError(error)
         _check_connections(spec.raw)

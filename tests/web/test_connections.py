@@ -106,12 +106,23 @@ def test_a_pipeline_names_connections_in_its_sections_and_the_runner_gets_them(
     assert saved["sink"] == {"type": "postgres", "connection": "warehouse",
                              "table": "order_counts", "keep_output": True}
     assert SECRET not in json.dumps(saved)
+    # Fields found by Test connection, written into a JSON whose source is still the
+    # generator's, are valid once the section makes it a stream.
+    with_fields = json.loads(json.dumps(DEMO_DEFINITION))
+    with_fields["source"]["fields"] = {"key": "long", "value": "double"}
+    response = client.post("/pipelines/new/", {**form, "name": "with-fields",
+                                               "definition": json.dumps(with_fields)})
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert Pipeline.objects.get(name="with-fields").definition["source"]["fields"] == {
+        "key": "long", "value": "double"}
     # The edit page shows the sections as saved.
     page = client.get(f"/pipelines/{Pipeline.objects.get(name='orders-count').pk}/edit/")
     assert 'value="order_counts"' in page.content.decode()
     # A connection of the wrong kind, or none of that name: the form says which field.
-    for bad, message in (({"sink_connection": "orders"}, "sink_connection"),
-                         ({"source_connection": "nope"}, "source_connection")):
+    for bad, message in (({"sink_connection": "orders"},
+                          "Invalid definition at sink.connection: &#x27;orders&#x27; is a Redis "
+                          "connection; this needs postgres"),
+                         ({"source_connection": "nope"}, "Select a valid choice")):
         response = client.post("/pipelines/new/", {**form, "name": f"x-{uuid.uuid4().hex[:6]}",
                                                    **bad})
         assert response.status_code == 200 and message in response.content.decode()
