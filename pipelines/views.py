@@ -88,12 +88,11 @@ def pipeline_test_source(request: HttpRequest) -> JsonResponse:
 @login_required
 @permission_required("pipelines.view_connection", raise_exception=True)
 def connection_list(request: HttpRequest) -> HttpResponse:
-    rows = []
-    pipelines = list(Pipeline.objects.all())
-    for conn in Connection.objects.all():
-        users = [p.name for p in pipelines
-                 if conn.name in {n for _path, n, _k in _named(p.definition)}]
-        rows.append({"conn": conn, "pipelines": users})
+    # Each pipeline's connection names once, not once per connection.
+    names = [(p.name, {n for _path, n, _k in _named(p.definition)})
+             for p in Pipeline.objects.all()]
+    rows = [{"conn": conn, "pipelines": [name for name, used in names if conn.name in used]}
+            for conn in Connection.objects.all()]
     return render(request, "pipelines/connection_list.html", {"rows": rows})
 
 
