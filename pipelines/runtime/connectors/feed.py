@@ -33,6 +33,7 @@ import numpy as np
 import redis
 
 from control import workload
+from pipelines.runtime.bus import public_url
 from pipelines.runtime.spec import definition
 
 MALFORMED_KINDS = ("missing value", "value not a number", "key not utf-8 / not JSON")
@@ -279,18 +280,6 @@ def publish_redis(r: redis.Redis, stream: str, feed: Feed, **kwargs: Any) -> int
     return publish(RedisPublisher(r, stream), stream, feed, **kwargs)
 
 
-def _public(url: str) -> str:
-    """A URL without its password, for a message."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}@" if parts.username else ""
-    return urlunsplit(parts._replace(netloc=user + netloc))
-
-
 def _json_arg(text: str, what: str) -> dict:
     try:
         doc = json.loads(text)
@@ -366,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         publisher = PUBLISHERS[args.broker](args)
         publisher.held()
     except Exception as exc:  # noqa: BLE001 - any client's failure to reach its server
-        where = args.path if args.broker == "files" else _public(args.url)
+        where = args.path if args.broker == "files" else public_url(args.url)
         print(f"feed: cannot reach {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     try:
