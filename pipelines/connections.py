@@ -31,13 +31,25 @@ class ConnectionProblem(ValueError):
 
 
 def named(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(path, connection name, kind it must be) for each connection a definition names."""
+    """(path, connection name, kind it must be) for each connection a definition names:
+    a chain's source and sink, a dataflow's source node and its sink node's ``to``."""
+    sections: list[tuple[str, Any]] = []
+    if isinstance(doc, dict) and isinstance(doc.get("nodes"), list):
+        for i, node in enumerate(doc["nodes"]):
+            if not isinstance(node, dict):
+                continue
+            where = f"nodes[{i}] ({node.get('id')})"
+            if node.get("type") == "sink":
+                sections.append((f"{where}.to", node.get("to")))
+            else:
+                sections.append((where, node))
+    elif isinstance(doc, dict):
+        sections = [(part, doc.get(part)) for part in ("source", "sink")]
     out = []
-    for part in ("source", "sink"):
-        section = doc.get(part) if isinstance(doc, dict) else None
+    for path, section in sections:
         if isinstance(section, dict) and section.get("connection"):
             kind = pdef.CONNECTION_KIND.get(str(section.get("type")), "")
-            out.append((f"{part}.connection", str(section["connection"]), kind))
+            out.append((f"{path}.connection", str(section["connection"]), kind))
     return out
 
 

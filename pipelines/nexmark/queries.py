@@ -187,8 +187,19 @@ RESULT_COLUMNS = {
 
 
 def definition(query: str, rate: float, *, partitions: int = 2, key_groups: int = 4,
-               keep_output: bool = True) -> dict[str, Any]:
-    """The pipeline definition of NEXMark query ``query`` (e.g. ``"Q3"``)."""
+               keep_output: bool = True, stream: dict[str, Any] | None = None,
+               to: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pipeline definition of NEXMark query ``query`` (e.g. ``"Q3"``). ``stream``:
+    read the events from a broker instead (a source node's fields, e.g. ``{"type":
+    "redis_stream", "url": ..., "stream": ...}``; ``rate`` is then the rate it is
+    expected to carry); ``to``: the sink node's target (a PostgreSQL table ...)."""
     query = query.upper()
-    return _with_reference(_definition(QUERIES[query](rate, partitions), key_groups,
-                                       keep_output), query)
+    doc = _with_reference(_definition(QUERIES[query](rate, partitions), key_groups,
+                                      keep_output), query)
+    if stream is not None:
+        source = doc["nodes"][0]
+        doc["nodes"][0] = {"id": source["id"], "partitions": partitions,
+                           "rate": source["rate"], "events": "nexmark", **stream}
+    if to is not None:
+        doc["nodes"][-1] = {**doc["nodes"][-1], "to": to}
+    return doc

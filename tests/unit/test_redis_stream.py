@@ -207,3 +207,108 @@ def test_a_batch_offered_twice_to_a_redis_stream_sink_is_added_once(stream) -> N
         assert latest.loc[1, "agg"] == 0.25 and len(latest) == 2
     finally:
         r.delete(sink.ledger)
+
+
+def _q5_on(source: rs.StreamSource, **stream: object) -> dict:
+    from pipelines.nexmark import queries
+
+    return queries.definition("Q5", 1000, stream={"type": "redis_stream", "url": source.url,
+                                                  "stream": source.stream, **stream})
+
+
+def test_nexmark_events_published_into_a_stream_read_back_as_the_generator_makes_them(
+        stream) -> None:
+    """``--events nexmark``: each event an entry of its own fields; read back with the
+    fields a NEXMark stream declares (a kind's others absent, not dead letters), they are
+    Beam's events, stamped with their scheduled times; the malformed ones are dead
+    letters with the reason."""
+    from pipelines.nexmark import generator as gen
+    from pipelines.runtime.verify import verifier
+
+    r, source = stream
+    feed = feeder.Feed(seed=3, rate={"kind": "constant", "records_per_s": 50_000},
+                       keys={"kind": "uniform", "n": 1}, records=3000, malformed=0.03,
+                       events="nexmark")
+    assert feeder.publish_redis(r, source.stream, feed, say=lambda _m: None) == 3000
+    spec = definition.validate(_q5_on(source))
+    parsed = rs.read_range(rs.stream_source(spec), 0, rs.end_offset(r, source.stream), r)
+    kinds = feeder.malformed_kind(3, np.arange(3000, dtype=np.int64), 0.03)
+    assert len(parsed.dead) == int((kinds >= 0).sum()) > 30
+    assert {reason.split(":")[0] for _i, _raw, reason in parsed.dead} == {
+        "no field 'dateTime'", "field 'dateTime' is not a long", "field 'type' is not a string"}
+    events = verifier._stream_events(spec, rs.end_offset(r, source.stream))
+    config = gen.NexmarkConfig.at_rate(50_000)
+    good = np.flatnonzero(kinds < 0)
+    assert len(events) == len(good)
+    for i in (0, 1, len(good) // 2, len(good) - 1):
+        want = gen.event(int(good[i]), config, timestamp_ms=events[i]["dateTime"])
+        assert events[i] == want
+
+
+def test_a_dataflow_reads_a_stream_of_events_or_fields_and_sinks_into_a_table() -> None:
+    src = rs.StreamSource(url="redis://127.0.0.1:6379/0", stream="s")
+    doc = _q5_on(src, start="latest")
+    doc["nodes"][-1]["to"] = {"type": "postgres", "url": "postgres://u@h/db", "table": "q5"}
+    spec = definition.validate(doc)
+    assert spec.source_type == "redis_stream" and definition.nexmark_events(spec)
+    assert spec.sink == {"type": "postgres", "keep_output": True, "url": "postgres://u@h/db",
+                         "table": "q5"}
+    assert spec.sink_key_columns == ()  # Q5's windows are appended
+    assert "dateTime" in spec.graph.source.columns
+    # A stream of declared fields: its columns, event time the broker's timestamp.
+    fields = {"nodes": [
+        {"id": "in", "type": "redis_stream", "url": src.url, "stream": "s",
+         "fields": {"sensor": "string", "reading": "double"}},
+        {"id": "per", "type": "keyed_aggregate", "input": "in", "key": ["sensor"],
+         "aggregates": {"total": ["sum", "reading"]}},
+        {"id": "out", "type": "sink", "input": "per",
+         "to": {"type": "redis_stream", "url": src.url, "stream": "totals"}}]}
+    spec = definition.validate(fields)
+    assert set(spec.graph.source.columns) == {"seq", "sensor", "reading", "emit_ts",
+                                              "event_time"}
+    assert spec.sink_key_columns == ("sensor",)
+    for bad, where, message in [
+        ({"events": "tpch"}, "nodes[0] (events).events", "is not one of"),
+        ({"fields": {"a": "long"}}, "nodes[0] (events).events", "not both"),
+        ({"seed": 1}, "nodes[0] (events).seed", "unknown field"),
+    ]:
+        with pytest.raises(definition.DefinitionError) as err:
+            definition.validate(_q5_on(src, **bad))
+        assert err.value.path == where and message in str(err.value)
+    doc = _q5_on(src)
+    doc["nodes"][-1]["to"] = {"type": "postgres", "url": "postgres://u:pw@h/db", "table": "t"}
+    with pytest.raises(definition.DefinitionError) as err:
+        definition.validate(doc)
+    assert err.value.path == "nodes[4] (out).to.url" and "password" in str(err.value)
+    doc["nodes"][-1]["to"] = {"type": "latency"}
+    with pytest.raises(definition.DefinitionError) as err:
+        definition.validate(doc)
+    assert err.value.path == "nodes[4] (out).to.type"
+
+
+def test_a_replay_starts_at_the_entry_ids_of_the_state_horizon() -> None:
+    """A re-planned windowed query over a Redis stream replays from the entry ID whose
+    time is the state horizon before the switch (the IDs carry the broker's clock); a
+    JetStream sequence carries none, which the form says before a run starts."""
+    from pipelines.runtime.replan import gloss
+
+    src = rs.StreamSource(url="redis://127.0.0.1:6379/0", stream="s")
+    spec = definition.validate(_q5_on(src))
+    horizon, _ = spec.graph.state_horizon(spec.watermark_s)
+    at_ms = 1_800_000_000_000
+    start = rs.pack(f"{at_ms}-7")
+    replay = gloss.replay_start(spec, start, t0=0.0)
+    assert replay == rs.pack(f"{at_ms - int((horizon + gloss.REPLAY_MARGIN_S) * 1000)}-0")
+    assert gloss.replan_refusal(spec) is None
+    pinned = definition.with_source_doc(spec, {**spec.source_doc, "start_offset": start - 5})
+    assert gloss.replay_start(pinned, start, t0=0.0) == start - 5  # not before the run's
+    jet = definition.validate(queries_on_jetstream())
+    assert "carry no time" in (gloss.replan_refusal(jet) or "")
+
+
+def queries_on_jetstream() -> dict:
+    from pipelines.nexmark import queries
+
+    return queries.definition("Q5", 1000, stream={"type": "jetstream",
+                                                  "url": "nats://127.0.0.1:4222",
+                                                  "stream": "EVENTS"})

@@ -118,8 +118,7 @@ def sink_for_run(spec: definition.PipelineSpec, t0: float) -> Any | None:
 
     module, _, name = SINKS[kind].partition(":")
     cls = getattr(importlib.import_module(module), name)
-    return cls.for_run(spec.sink, t0,
-                       key_columns=("key",) if spec.output_mode == "update" else ())
+    return cls.for_run(spec.sink, t0, key_columns=spec.sink_key_columns)
 
 
 SOURCE_START_FILE = "source-start.json"
@@ -127,7 +126,7 @@ SOURCE_START_FILE = "source-start.json"
 
 def start_offset(spec: definition.PipelineSpec) -> int:
     """The offset a run's first batch starts from (0 but for a pinned ``latest``)."""
-    return int((spec.raw.get("source") or {}).get("start_offset", 0))
+    return int(spec.source_doc.get("start_offset", 0))
 
 
 def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
@@ -137,7 +136,7 @@ def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
     there on every later start and by the verifier. Other definitions unchanged."""
     import json
 
-    source = spec.raw.get("source") or {}
+    source = spec.source_doc
     if source.get("start") != "latest" or "start_offset" in source:
         return spec
     path = run_dir / SOURCE_START_FILE
@@ -153,7 +152,7 @@ def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"offset": offset, "pinned_at": time.time()}))
         tmp.replace(path)
-    return definition.validate({**spec.raw, "source": {**source, "start_offset": offset}})
+    return definition.with_source_doc(spec, {**source, "start_offset": offset})
 
 
 @dataclass(frozen=True)

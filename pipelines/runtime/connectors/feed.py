@@ -1,17 +1,22 @@
 """Drive a real broker with the product's workloads: ``python -m pipelines.feed redis|jetstream ...``.
 
 Publishes the keyed workload (the generator's records: keys from a distribution, values
-in [0, 1000)) at any of its rate shapes (constant, step, sine, random walk, trace):
+in [0, 1000)) or, with ``--events nexmark``, Beam's NEXMark events (person, auction and
+bid, ``pipelines.nexmark.generator``; each event's ``dateTime`` its scheduled emission
+time) at any of the rate shapes (constant, step, sine, random walk, trace):
 
 * ``redis``: into a Redis stream, each record an entry with the fields ``key`` and
-  ``value``, added with ``XADD <stream> *``;
+  ``value`` (an event: its own fields, ``type``, ``id`` ... ``dateTime``), added with
+  ``XADD <stream> *``;
 * ``jetstream``: into a NATS JetStream stream (made if absent, subject ``--subject``,
-  default the stream's name), each record a JSON object ``{"key": .., "value": ..}``.
+  default the stream's name), each record a JSON object ``{"key": .., "value": ..}``
+  (an event: its fields as one object).
 
 Either way the broker stamps each record, and that stamp is where its latency starts.
 ``--malformed F`` makes a fraction F of the records bad, in turn: a missing ``value``, a
 ``value`` that is not a number, and a key that is not UTF-8 (Redis) or a payload that is
-not JSON (JetStream): what the dead-letter place is for. A progress line every few
+not JSON (JetStream); for events a missing ``dateTime``, a ``dateTime`` that is not a
+number, a ``type`` not UTF-8 / a payload cut short: what the dead-letter place is for. A progress line every few
 seconds says how far it is.
 
     python -m pipelines.feed redis --url redis://127.0.0.1:6379/0 --stream orders \\
@@ -52,6 +57,7 @@ class Feed:
     seconds: float = 0.0
     records: int = 0
     malformed: float = 0.0
+    events: str = "keyed"  # or "nexmark": Beam's NEXMark events
 
     def spec(self) -> definition.PipelineSpec:
         """The workload as a generator's definition validates it (its schedule and keys);
@@ -72,8 +78,57 @@ def malformed_kind(seed: int, index: np.ndarray, share: float) -> np.ndarray:
     return np.where(bad, index % len(MALFORMED_KINDS), -1)
 
 
-def entries_for(feed: Feed, recs: workload.Records) -> list[dict[bytes, bytes]]:
+EVENTS = ("keyed", "nexmark")
+
+
+@dataclass(frozen=True)
+class Events:
+    """NEXMark events ``seq[0]..`` as the generator makes them (``dateTime``: each
+    one's scheduled emission time, epoch ms)."""
+
+    seq: np.ndarray
+    events: list[dict[str, Any]]
+
+
+Batch = workload.Records | Events
+
+
+def nexmark_batch(feed: Feed, schedule: workload.RateSchedule, start: int, end: int,
+                  t0: float) -> Events:
+    """Events ``[start, end)`` of the feed: Beam's event ``n`` stamped with its
+    scheduled time; auction lengths drawn at the schedule's starting rate."""
+    import math
+
+    from pipelines.nexmark import generator as gen
+
+    config = gen.NexmarkConfig.at_rate(max(1, round(schedule.rate_at(0.0))))
+    seq = np.arange(start, end, dtype=np.int64)
+    emit = schedule.emission_times(seq) + t0
+    return Events(seq, [gen.event(int(n), config, timestamp_ms=math.floor(float(t) * 1000.0))
+                        for n, t in zip(seq, emit)])
+
+
+def _bad_event(event: dict[str, Any], kind: int) -> dict[str, Any]:
+    """An event made malformed (``malformed_kind``): no dateTime, a dateTime that is no
+    number; kind 2 is the publisher's (bytes that are not UTF-8 / not JSON)."""
+    event = dict(event)
+    if kind == 0:
+        del event["dateTime"]
+    elif kind == 1:
+        event["dateTime"] = "not-a-number"
+    return event
+
+
+def entries_for(feed: Feed, recs: Batch) -> list[dict[bytes, bytes]]:
     kinds = malformed_kind(feed.seed, recs.seq, feed.malformed)
+    if isinstance(recs, Events):
+        out = []
+        for event, kind in zip(recs.events, kinds.tolist()):
+            entry = {k.encode(): str(v).encode() for k, v in _bad_event(event, kind).items()}
+            if kind == 2:
+                entry[b"type"] = b"\xff\xfe" + entry[b"type"]
+            out.append(entry)
+        return out
     out = []
     for key, value, kind in zip(recs.key.tolist(), recs.value.tolist(), kinds.tolist()):
         entry = {b"key": str(key).encode(), b"value": repr(value).encode()}
@@ -87,10 +142,13 @@ def entries_for(feed: Feed, recs: workload.Records) -> list[dict[bytes, bytes]]:
     return out
 
 
-def messages_for(feed: Feed, recs: workload.Records) -> list[bytes]:
+def messages_for(feed: Feed, recs: Batch) -> list[bytes]:
     """The records as JSON payloads, the malformed ones made bad as ``entries_for``
     does (the third kind: a payload cut short, not JSON)."""
     kinds = malformed_kind(feed.seed, recs.seq, feed.malformed)
+    if isinstance(recs, Events):
+        return [json.dumps(_bad_event(event, kind)).encode()[:None if kind != 2 else 20]
+                for event, kind in zip(recs.events, kinds.tolist())]
     out = []
     for key, value, kind in zip(recs.key.tolist(), recs.value.tolist(), kinds.tolist()):
         if kind == 0:
@@ -105,7 +163,7 @@ def messages_for(feed: Feed, recs: workload.Records) -> list[bytes]:
 
 
 class Publisher(Protocol):
-    def send(self, feed: Feed, recs: workload.Records) -> None: ...
+    def send(self, feed: Feed, recs: Batch) -> None: ...
 
     def held(self) -> int:
         """How many records the stream holds now."""
@@ -121,7 +179,7 @@ class RedisPublisher:
     def __init__(self, r: redis.Redis, stream: str, maxlen: int = 0) -> None:
         self.r, self.stream, self.maxlen = r, stream, maxlen
 
-    def send(self, feed: Feed, recs: workload.Records) -> None:
+    def send(self, feed: Feed, recs: Batch) -> None:
         pipe = self.r.pipeline(transaction=False)
         for entry in entries_for(feed, recs):
             pipe.xadd(self.stream, entry, maxlen=self.maxlen or None, approximate=True)
@@ -146,7 +204,7 @@ class JetStreamPublisher:
         self.stream, self.subject = stream, subject or stream
         jsc.ensure_stream(self.client, stream, [self.subject])
 
-    def send(self, feed: Feed, recs: workload.Records) -> None:
+    def send(self, feed: Feed, recs: Batch) -> None:
         js, subject, stream = self.client.js, self.subject, self.stream
 
         async def send_all(payloads: list[bytes]) -> None:
@@ -259,7 +317,9 @@ def publish(publisher: Publisher, stream: str, feed: Feed,
         if feed.records:
             due = min(due, feed.records)
         if due > sent:
-            publisher.send(feed, workload.generate(feed.seed, sent, due, schedule, keys, t0))
+            publisher.send(feed, nexmark_batch(feed, schedule, sent, due, t0)
+                           if feed.events == "nexmark" else
+                           workload.generate(feed.seed, sent, due, schedule, keys, t0))
             sent = due
         done = ((feed.records and sent >= feed.records)
                 or (feed.seconds and now >= feed.seconds) or stop())
@@ -290,7 +350,7 @@ def _json_arg(text: str, what: str) -> dict:
     return doc
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m pipelines.feed",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="broker", required=True)
@@ -314,6 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if broker == "jetstream":
             p.add_argument("--subject", default=None,
                            help="the subject to publish on (default: the stream's name)")
+        if broker != "files":
+            p.add_argument("--events", choices=EVENTS, default="keyed",
+                           help="what to publish: the keyed workload (key, value) or "
+                           "NEXMark events (a definition's \"events\": \"nexmark\")")
         p.add_argument("--seed", type=int, default=7)
         p.add_argument("--rate", default='{"kind": "constant", "records_per_s": 1000}',
                        help="a rate shape as in a definition's source.rate (JSON)")
@@ -329,6 +393,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--password-env", default=None, metavar="VAR",
                            help="the server's password is in this environment variable "
                            "(never on the command line)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.repeat and not args.seconds:
         parser.error("--repeat needs --seconds (the length of one repetition)")
@@ -346,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--malformed must be between 0 and 1")
     feed = Feed(seed=args.seed, rate=_json_arg(args.rate, "rate"),
                 keys=_json_arg(args.keys, "keys"), seconds=args.seconds,
-                records=args.records, malformed=args.malformed)
+                records=args.records, malformed=args.malformed,
+                events=getattr(args, "events", "keyed"))
     try:
         feed.spec()
     except definition.DefinitionError as exc:

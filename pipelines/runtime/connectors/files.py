@@ -93,7 +93,7 @@ class FilesSource:
 
 
 def files_source(spec: definition.PipelineSpec) -> FilesSource:
-    return FilesSource.from_params(spec.raw["source"])
+    return FilesSource.from_params(spec.source_doc)
 
 
 def _read_manifest(path: Path) -> list[Landed]:

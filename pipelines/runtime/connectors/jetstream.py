@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import Collection, Coroutine, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -120,6 +120,7 @@ class JetStreamSource:
     stream: str
     fields: Mapping[str, str] = field(default_factory=lambda: {"key": "long",
                                                               "value": "double"})
+    optional: frozenset[str] = frozenset()  # fields a record may lack (NEXMark events)
 
     @property
     def dead_letter_stream(self) -> str:
@@ -129,8 +130,9 @@ class JetStreamSource:
     def from_params(cls, params: Mapping[str, Any]) -> JetStreamSource:
         from pipelines.runtime import connectors
 
+        fields, optional = definition.record_schema(dict(params))
         return cls(url=connectors.server_url(params), stream=str(params["stream"]),
-                   fields=dict(params.get("fields") or {"key": "long", "value": "double"}))
+                   fields=fields, optional=optional)
 
 
 def dead_letter_stream(stream: str) -> str:
@@ -138,7 +140,7 @@ def dead_letter_stream(stream: str) -> str:
 
 
 def stream_source(spec: definition.PipelineSpec) -> JetStreamSource:
-    return JetStreamSource.from_params(spec.raw["source"])
+    return JetStreamSource.from_params(spec.source_doc)
 
 
 async def _state(client: JetStreamClient, stream: str) -> api.StreamState | None:
@@ -216,12 +218,12 @@ def read(client: JetStreamClient, stream: str, start: int, end: int) -> list[Mes
 
 
 def parse(messages: list[Message], fields: Mapping[str, str],
-          into: Parsed | None = None) -> Parsed:
+          into: Parsed | None = None, optional: Collection[str] = ()) -> Parsed:
     out = into if into is not None else Parsed()
     for name in fields:
         out.columns.setdefault(name, [])
     for m in messages:
-        row, reason = parse_object(m.data, fields)
+        row, reason = parse_object(m.data, fields, optional)
         if row is None:
             out.dead.append((m.seq, m.data, str(reason)))
             continue
@@ -234,7 +236,8 @@ def parse(messages: list[Message], fields: Mapping[str, str],
 
 def read_range(source: JetStreamSource, start: int, end: int) -> Parsed:
     """Every message in ``[start, end)``, parsed (a batch's read; the verifier's)."""
-    return parse(read(connection(source.url), source.stream, start, end), source.fields)
+    return parse(read(connection(source.url), source.stream, start, end), source.fields,
+                 optional=source.optional)
 
 
 async def _ensure_stream(client: JetStreamClient, name: str, subjects: list[str],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,12 +59,16 @@ def convert(value: Any, kind: str) -> Any:
     return value
 
 
-def fields_of(doc: Mapping[str, Any], fields: Mapping[str, str]
-              ) -> tuple[dict[str, Any] | None, str | None]:
-    """An object's declared fields, or None and the reason it is a dead letter."""
+def fields_of(doc: Mapping[str, Any], fields: Mapping[str, str],
+              optional: Collection[str] = ()) -> tuple[dict[str, Any] | None, str | None]:
+    """An object's declared fields (None for an ``optional`` one it lacks), or None and
+    the reason it is a dead letter."""
     row = {}
     for name, kind in fields.items():
         if name not in doc or doc[name] is None:
+            if name in optional:
+                row[name] = None
+                continue
             return None, f"no field {name!r}"
         try:
             row[name] = convert(doc[name], kind)
@@ -73,7 +77,7 @@ def fields_of(doc: Mapping[str, Any], fields: Mapping[str, str]
     return row, None
 
 
-def parse_object(data: bytes | str, fields: Mapping[str, str]
+def parse_object(data: bytes | str, fields: Mapping[str, str], optional: Collection[str] = ()
                  ) -> tuple[dict[str, Any] | None, str | None]:
     """A JSON object's declared fields, or None and the reason it is a dead letter."""
     try:
@@ -82,4 +86,4 @@ def parse_object(data: bytes | str, fields: Mapping[str, str]
         return None, f"not JSON: {str(exc)[:120]}"
     if not isinstance(doc, dict):
         return None, "not a JSON object"
-    return fields_of(doc, fields)
+    return fields_of(doc, fields, optional)

@@ -28,7 +28,7 @@ to the sink's commit.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -84,6 +84,7 @@ class StreamSource:
     fields: Mapping[str, str] = field(default_factory=lambda: {"key": "long",
                                                               "value": "double"})
     start: str = "earliest"  # or "latest": where a new run's first batch starts
+    optional: frozenset[str] = frozenset()  # fields a record may lack (NEXMark events)
 
     @property
     def dead_letter_stream(self) -> str:
@@ -102,9 +103,10 @@ class StreamSource:
     def from_params(cls, params: Mapping[str, Any]) -> StreamSource:
         from pipelines.runtime import connectors
 
+        fields, optional = definition.record_schema(dict(params))
         return cls(url=connectors.server_url(params), stream=str(params["stream"]),
-                   fields=dict(params.get("fields") or {"key": "long", "value": "double"}),
-                   start=str(params.get("start", "earliest")))
+                   fields=fields, start=str(params.get("start", "earliest")),
+                   optional=optional)
 
 
 def dead_letter_stream(stream: str) -> str:
@@ -114,7 +116,7 @@ def dead_letter_stream(stream: str) -> str:
 
 def stream_source(spec: definition.PipelineSpec) -> StreamSource:
     """The ``redis_stream`` source of a definition."""
-    return StreamSource.from_params(spec.raw["source"])
+    return StreamSource.from_params(spec.source_doc)
 
 
 @lru_cache(maxsize=8)
@@ -175,9 +177,10 @@ def _convert(raw: bytes, kind: str) -> Any:
 
 
 def parse(page: list[tuple[bytes, dict[bytes, bytes]]], fields: Mapping[str, str],
-          into: Parsed | None = None) -> Parsed:
+          into: Parsed | None = None, optional: Collection[str] = ()) -> Parsed:
     """Each entry's declared fields converted to their types; an entry that misses one
-    or whose value does not convert is a dead letter with the reason."""
+    (but an ``optional`` one: None) or whose value does not convert is a dead letter
+    with the reason."""
     out = into if into is not None else Parsed()
     for name in fields:
         out.columns.setdefault(name, [])
@@ -188,6 +191,9 @@ def parse(page: list[tuple[bytes, dict[bytes, bytes]]], fields: Mapping[str, str
         for name, kind in fields.items():
             value = raw.get(encoded[name])
             if value is None:
+                if name in optional:
+                    row[name] = None
+                    continue
                 reason = f"no field {name!r}"
                 break
             try:
@@ -213,7 +219,7 @@ def read_range(source: StreamSource, start: int, end: int,
     conn = r or connection(source.url)
     parsed = Parsed()
     for page in entries(conn, source.stream, start, end):
-        parse(page, source.fields, parsed)
+        parse(page, source.fields, parsed, source.optional)
     return parsed
 
 

@@ -48,16 +48,18 @@ _SPARK: dict[str, DataType] = {"long": LongType(), "double": DoubleType(),
 _ARROW = {"long": pa.int64(), "double": pa.float64(), "string": pa.string()}
 
 
-def spark_schema(fields: dict[str, str]) -> StructType:
-    """``seq`` (the record's offset identity), the declared fields, ``emit_ts`` (the
-    broker's timestamp)."""
+def spark_schema(fields: dict[str, str], optional: frozenset[str] = frozenset()
+                 ) -> StructType:
+    """``seq`` (the record's offset identity), the declared fields (nullable where a
+    record may lack them), ``emit_ts`` (the broker's timestamp)."""
     return StructType([StructField("seq", LongType(), False)]
-                      + [StructField(n, _SPARK[t], False) for n, t in fields.items()]
+                      + [StructField(n, _SPARK[t], n in optional) for n, t in fields.items()]
                       + [StructField("emit_ts", DoubleType(), False)])
 
 
-def declared_fields(spec: definition.PipelineSpec) -> dict[str, str]:
-    return dict(spec.raw["source"].get("fields") or {"key": "long", "value": "double"})
+def declared_fields(spec: definition.PipelineSpec) -> tuple[dict[str, str], frozenset[str]]:
+    """The source's record fields and those a record may lack."""
+    return definition.record_schema(spec.source_doc)
 
 
 class BrokerStreamReader(GeneratorStreamReader):
@@ -74,11 +76,12 @@ class BrokerStreamReader(GeneratorStreamReader):
             connectors.register_connections(json.loads(options["secret"]))
         super().__init__(options)
         if not self.start:  # a new run's first query: where its definition starts
-            self.start = int(self.spec.raw["source"].get("start_offset", 0))
-        self.fields = declared_fields(self.spec)
+            self.start = int(self.spec.source_doc.get("start_offset", 0))
+        self.fields, self.optional = declared_fields(self.spec)
         self.arrow_schema = pa.schema(
             [pa.field("seq", pa.int64(), nullable=False)]
-            + [pa.field(n, _ARROW[t], nullable=False) for n, t in self.fields.items()]
+            + [pa.field(n, _ARROW[t], nullable=n in self.optional)
+               for n, t in self.fields.items()]
             + [pa.field("emit_ts", pa.float64(), nullable=False)])
 
     def _batches(self, start: int, end: int) -> Iterator[Any]:
@@ -115,7 +118,7 @@ class RedisStreamReader(BrokerStreamReader):
     def _batches(self, start: int, end: int) -> Iterator[Any]:
         r = self._redis()
         for page in rs.entries(r, self.source.stream, start, end):
-            parsed = rs.parse(page, self.source.fields)
+            parsed = rs.parse(page, self.source.fields, optional=self.source.optional)
             if parsed.dead:
                 rs.write_dead_letters(r, self.source, parsed.dead)
             yield parsed
@@ -136,7 +139,8 @@ class JetStreamReader(BrokerStreamReader):
         client = jsc.connection(self.source.url)
         for lo in range(start, end, jsc.FETCH * 10):
             parsed = jsc.parse(jsc.read(client, self.source.stream, lo,
-                                        min(end, lo + jsc.FETCH * 10)), self.source.fields)
+                                        min(end, lo + jsc.FETCH * 10)), self.source.fields,
+                               optional=self.source.optional)
             if parsed.dead:
                 jsc.write_dead_letters(client, self.source, parsed.dead)
             yield parsed
@@ -167,7 +171,7 @@ class FilesReader(BrokerStreamReader):
 class BrokerDataSource(GeneratorDataSource):
     @classmethod
     def schema_of(cls, spec: definition.PipelineSpec) -> StructType:
-        return spark_schema(declared_fields(spec))
+        return spark_schema(*declared_fields(spec))
 
 
 class RedisStreamDataSource(BrokerDataSource):

@@ -277,7 +277,7 @@ def source_options(spec: definition.PipelineSpec, t0: float,
     options = {"spec": json.dumps(spec.raw, sort_keys=True), "t0": repr(t0)}
     from pipelines.runtime import connectors
 
-    secret = connectors.connection_secret(spec.raw.get("source") or {})
+    secret = connectors.connection_secret(spec.source_doc)
     if secret is not None:
         options["secret"] = secret
     if plan_dir is not None:

@@ -112,10 +112,27 @@ def replays_in_process(spec: Any, start: int, replay_from: int, where: str = "au
         raise ReplanError(f"replay_in must be one of {', '.join(REPLAY_IN)}")
     if where != "auto":
         return where == "process"
+    time_of, _ = offset_times(spec)
+    return time_of(start) - time_of(replay_from) > REPLAY_IN_APPLICATION_MAX_S
+
+
+def offset_times(spec: Any) -> tuple[Callable[[int], float], Callable[[float], int]]:
+    """How a source's offsets map to its records' emission times (seconds) and back:
+    the generators' schedule (times from the run's start), a Redis stream's entry IDs
+    (the server's clock). ReplanError for a source whose offsets carry no time (a
+    JetStream sequence: the replay's start cannot be found from a time)."""
+    if spec.source_type == "redis_stream":
+        from pipelines.runtime.connectors import redis_stream as rs
+
+        return rs.emit_seconds, lambda t: max(0, int(t * 1000)) << rs.SEQ_BITS
+    if spec.source_type not in ("generator", "nexmark"):
+        raise ReplanError(f"a {spec.source_type} source's offsets carry no time, so the "
+                          "replay that rebuilds a dataflow pipeline's state has no start")
     import numpy as np
 
-    times = spec.schedule().emission_times(np.array([replay_from, start], dtype=np.int64))
-    return float(times[1] - times[0]) > REPLAY_IN_APPLICATION_MAX_S
+    schedule = spec.schedule()
+    return (lambda n: float(schedule.emission_times(np.array([n], dtype=np.int64))[0]),
+            schedule.records_by)
 
 
 def replan_refusal(spec: Any) -> str | None:
@@ -125,6 +142,11 @@ def replan_refusal(spec: Any) -> str | None:
         if horizon is None:
             return (f"a dataflow pipeline's state is rebuilt by replaying its recent "
                     f"records, and here that has no bound: {why}")
+        if spec.graph.stateful:
+            try:
+                offset_times(spec)
+            except ReplanError as exc:
+                return str(exc)
         return None
     if spec.stateful.type not in ("keyed_aggregate", "hft_window"):
         return (f"re-plan covers keyed aggregates and HFT windows so far; "
@@ -142,11 +164,12 @@ def replay_start(spec: Any, start: int, t0: float) -> int:
     horizon, why = spec.graph.state_horizon(spec.watermark_s)
     if horizon is None:
         raise ReplanError(why)
-    import numpy as np
+    from pipelines.runtime import connectors
 
-    schedule = spec.schedule()
-    at = float(schedule.emission_times(np.array([start], dtype=np.int64))[0])
-    return max(0, min(start, schedule.records_by(at - horizon - REPLAY_MARGIN_S)))
+    time_of, offset_by = offset_times(spec)
+    at = time_of(start)
+    first = connectors.start_offset(spec)  # (a stream read from its end at the start)
+    return max(first, min(start, offset_by(at - horizon - REPLAY_MARGIN_S)))
 
 
 def replay_ends(checkpoint: Path, batch: int, forwarded_end: int | None,

@@ -65,6 +65,7 @@ def reseed(job: dict[str, Any]) -> dict[str, Any]:
     from pipelines.runtime.query.compiler import Seed, build_stream
     from pipelines.runtime.query.session import apply_run_conf, build_session
 
+    connectors.register_connections(job.get("connections"))
     spec = definition.validate(job["spec"])
     # No UI: this driver lives seconds and must not take the next UI port or CPU.
     os.environ["PYSPARK_SUBMIT_ARGS"] = "--conf spark.ui.enabled=false pyspark-shell"

@@ -272,7 +272,13 @@ class ReplanHandover:
         if spec.graph is None:
             job.update(key=spec.stateful.key, agg=spec.stateful.agg,
                        window=spec.stateful.type == "hft_window")
-        (gdir / "reseed-job.json").write_text(json.dumps(job))
+        # The connections the transfer's source reads through (their passwords too):
+        # the job file is the runner's own, as runner.json is (0600).
+        job["connections"] = dict(connectors.CONNECTIONS)
+        job_file = gdir / "reseed-job.json"
+        job_file.touch(mode=0o600)
+        job_file.chmod(0o600)
+        job_file.write_text(json.dumps(job))
         try:
             return self._reseed_once(gdir, old, reseed.IDLE, gated)
         except _TransferFailed as exc:  # not a timeout: that one had been raised already

@@ -12,8 +12,10 @@ A dataflow definition lists ``nodes``; each names its ``input`` (or ``left`` and
        {"id": "out", "type": "sink", "input": "euro", "keep_output": true}],
      "key_groups": 8}
 
-Node types: sources ``generator`` (the keyed record generator) and ``nexmark`` (Beam's
-NEXMark events, ``pipelines.nexmark``); stateless ``filter`` (``where``), ``project``
+Node types: sources ``generator`` (the keyed record generator), ``nexmark`` (Beam's
+NEXMark events, ``pipelines.nexmark``) and the brokers' streams ``redis_stream`` and
+``jetstream`` (``connectors/``: records of declared ``fields``, or ``"events":
+"nexmark"``, NEXMark events as the feeder publishes them); stateless ``filter`` (``where``), ``project``
 (``columns``: name -> expression) and ``python`` (a named pandas operator of
 ``pyops.py``; the definition's ``plan`` groups them into processing elements); stateful ``keyed_aggregate`` (no window; the query
 then runs in update mode), ``window_aggregate`` (tumbling, sliding or session windows
@@ -21,7 +23,8 @@ on event time), ``window_top`` (per window, the rows at the highest value of a c
 ties kept), ``join`` (stream–stream inner join on keys, bounded in event time by an
 interval or by a common tumbling window) and ``moving_mean`` (per key, the mean of the
 latest N values by an order: ``moving_mean.py``, a ``transformWithState`` operator);
-one ``sink``. Aggregates: ``count``, ``sum``, ``min``, ``max``, ``mean`` and
+one ``sink`` (with ``to``: a PostgreSQL table, a Parquet folder or a Redis stream as well
+as the run's kept output). Aggregates: ``count``, ``sum``, ``min``, ``max``, ``mean`` and
 ``max_by`` (``["max_by", value, order]``: the value on the row with the greatest order).
 
 Expressions are Python-syntax formulas over the input's columns — arithmetic
@@ -46,7 +49,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-SOURCE_TYPES = ("generator", "nexmark")
+SOURCE_TYPES = ("generator", "nexmark", "redis_stream", "jetstream")
+BROKER_SOURCE_TYPES = ("redis_stream", "jetstream")
 STATELESS_TYPES = ("filter", "project", "python")
 STATEFUL_TYPES = ("keyed_aggregate", "window_aggregate", "window_top", "join", "moving_mean")
 NODE_TYPES = SOURCE_TYPES + STATELESS_TYPES + STATEFUL_TYPES + ("sink",)
@@ -537,7 +541,12 @@ def _source(doc: dict[str, Any], path: str, _inputs: list[Node],
             validate_source: Callable[[dict[str, Any], str], dict[str, Any]]
             ) -> tuple[dict[str, Any], Columns]:
     params = validate_source(doc, path)
-    columns = GENERATOR_COLUMNS if doc["type"] == "generator" else NEXMARK_COLUMNS
+    if doc["type"] == "generator":
+        columns = GENERATOR_COLUMNS
+    elif doc["type"] == "nexmark" or params.get("events") == "nexmark":
+        columns = NEXMARK_COLUMNS
+    else:  # a stream's declared fields; event time is the broker's timestamp
+        columns = {"seq": "long", **params["fields"], **TIME_COLUMNS}
     return params, dict(columns)
 
 
@@ -705,11 +714,14 @@ def _moving_mean(doc: dict[str, Any], path: str,
 
 
 def _sink(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
-    _allowed(doc, path, {"id", "type", "input", "keep_output"})
+    _allowed(doc, path, {"id", "type", "input", "keep_output", "to"})
     keep = doc.get("keep_output", True)
     if not isinstance(keep, bool):
         raise GraphError(f"{path}.keep_output", "must be true or false")
-    return {"keep_output": keep}, dict(inputs[0].columns)
+    params: dict[str, Any] = {"keep_output": keep}
+    if "to" in doc:  # (its own fields are definition's to check, as a chain's sink)
+        params["to"] = _obj(doc["to"], f"{path}.to")
+    return params, dict(inputs[0].columns)
 
 
 def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
@@ -780,7 +792,7 @@ def validate_graph(nodes_doc: Any,
     sources = [n for n, (_i, d) in docs.items() if d["type"] in SOURCE_TYPES]
     sinks = [n for n, (_i, d) in docs.items() if d["type"] == "sink"]
     if len(sources) != 1:
-        raise GraphError("nodes", f"needs exactly one source node (generator or nexmark); "
+        raise GraphError("nodes", f"needs exactly one source node ({', '.join(SOURCE_TYPES)}); "
                                   f"found {len(sources)}: every branch reads the one "
                                   "source's micro-batch")
     if len(sinks) != 1:

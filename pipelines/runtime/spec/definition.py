@@ -165,6 +165,26 @@ class PipelineSpec:
             return self.graph.output_mode
         return "append" if self.stateful.type == "hft_window" else "update"
 
+    @property
+    def source_doc(self) -> dict[str, Any]:
+        """The source as the definition gives it (a chain's ``source``, a dataflow's
+        source node): where a broker source reads, its fields, its start."""
+        if self.graph is None:
+            return self.raw.get("source") or {}
+        return next(n for n in self.raw["nodes"]
+                    if isinstance(n, dict) and n.get("type") in dataflow.SOURCE_TYPES)
+
+    @property
+    def sink_key_columns(self) -> tuple[str, ...]:
+        """The columns a sink upserts rows by: a keyed aggregate's key in update mode
+        (a key's newest value replaces its row); none when the output is appended."""
+        if self.output_mode != "update":
+            return ()
+        if self.graph is None:
+            return ("key",)
+        node = next(n for n in self.graph.nodes if n.type == "keyed_aggregate")
+        return tuple(node.params["key"])
+
     def schedule(self) -> wl.RateSchedule:
         return build_schedule(self.rate, self.seed)
 
@@ -422,12 +442,46 @@ NEXMARK_KNOBS = ("hot_auction_ratio", "hot_sellers_ratio", "hot_bidders_ratio",
                  "avg_auction_byte_size", "avg_bid_byte_size")
 
 
+# A stream of NEXMark events (``"events": "nexmark"``, as ``pipelines.feed --events
+# nexmark`` publishes them): each record one of Beam's events, its fields those of its
+# kind (a person's, an auction's or a bid's), so all but these may be absent.
+NEXMARK_EVENT_FIELDS = {c: t for c, t in dataflow.NEXMARK_COLUMNS.items()
+                        if c not in ("seq", *dataflow.TIME_COLUMNS)}
+NEXMARK_EVENT_REQUIRED = ("type", "dateTime")
+
+
+def record_schema(source: dict[str, Any]) -> tuple[dict[str, str], frozenset[str]]:
+    """A broker source's record fields with their types, and those a record may lack
+    (a NEXMark event's other kinds' fields); a chain's default is ``key``, ``value``."""
+    if source.get("events") == "nexmark":
+        return (dict(NEXMARK_EVENT_FIELDS),
+                frozenset(NEXMARK_EVENT_FIELDS) - set(NEXMARK_EVENT_REQUIRED))
+    return dict(source.get("fields") or {"key": "long", "value": "double"}), frozenset()
+
+
 def _validate_source_node(src: dict[str, Any], path: str) -> dict[str, Any]:
     """A dataflow source node's own fields (``dataflow.validate_graph`` calls it)."""
     kind = src["type"]
     common = {"id", "type", "seed", "partitions", "rate", "watermark_s"}
-    _allowed(src, path, common | ({"keys"} if kind == "generator" else {"nexmark"}))
-    out = _source_fields(src, path)
+    if kind in dataflow.BROKER_SOURCE_TYPES:
+        _allowed(src, path, (common - {"seed"}) | {"url", "connection", "stream", "fields",
+                                                   "events", "start", "start_offset"})
+        if "events" in src and "fields" in src:
+            raise DefinitionError(f"{path}.events", "give the records' fields or "
+                                  '"events": "nexmark", not both')
+        broker = _validate_broker_stream(src, path, kind, chain=False)
+        broker.update(_start_position(src, path))
+        if "events" in src:
+            _choice(src, "events", path, ("nexmark",))
+            broker["events"] = "nexmark"
+            del broker["fields"]
+        out = _source_fields({"rate": {"kind": "constant", "records_per_s": 1000},
+                              **{k: v for k, v in src.items() if k in ("partitions", "rate")}},
+                             path)
+        out.update(broker)
+    else:
+        _allowed(src, path, common | ({"keys"} if kind == "generator" else {"nexmark"}))
+        out = _source_fields(src, path)
     out["watermark_s"] = int(_number(src, "watermark_s", path, lo=0, hi=86_400,
                                      integer=True, default=0))
     if kind == "nexmark":
@@ -438,6 +492,11 @@ def _validate_source_node(src: dict[str, Any], path: str) -> dict[str, Any]:
             hi=MAX_NEXMARK_EVENT_BYTES if k in NEXMARK_MIX else 10_000_000))
             for k in knobs}
     return out
+
+
+def nexmark_events(spec: PipelineSpec) -> bool:
+    """Whether the pipeline reads NEXMark events (generated, or from a stream)."""
+    return spec.source_type == "nexmark" or spec.source_doc.get("events") == "nexmark"
 
 
 def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
@@ -456,8 +515,18 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
         raise DefinitionError("reference", f"{json.dumps(reference)} is not one of: "
                               f"{', '.join(REFERENCES)} (the result the verifier checks "
                               "the kept output against)")
-    if reference is not None and graph.source.type != "nexmark":
-        raise DefinitionError("reference", "a NEXMark reference needs the nexmark source")
+    if reference is not None and not (graph.source.type == "nexmark"
+                                      or source.get("events") == "nexmark"):
+        raise DefinitionError("reference", "a NEXMark reference needs NEXMark events (the "
+                              'nexmark source, or a stream\'s "events": "nexmark")')
+    sink_doc: dict[str, Any] = {"type": "latency", "keep_output": keep_output}
+    target = graph.sink.params.get("to")
+    if target is not None:
+        where = f"{graph.sink.path}.to"
+        kind = _choice(target, "type", where, tuple(SINK_FIELDS))
+        _allowed(target, where, {"type"} | SINK_FIELDS[kind])
+        sink_doc = {"type": kind, "keep_output": keep_output,
+                    **_sink_target(target, where, kind)}
     tws = [n for n in graph.stateful if n.type == "moving_mean"]
     if tws and options["state_store"] != "rocksdb":
         raise DefinitionError("state_store", f"{tws[0].id} (moving_mean, a "
@@ -471,8 +540,7 @@ def _validate_dataflow(doc: dict[str, Any]) -> PipelineSpec:
     return PipelineSpec(seed=source["seed"], partitions=source["partitions"],
                         rate=source["rate"], keys=source.get("keys",
                                                              {"kind": "uniform", "n": 1}),
-                        operators=(), sink={"type": "latency", "keep_output": keep_output},
-                        **options, keep_output=keep_output, raw=clean, graph=graph,
+                        operators=(), sink=sink_doc, **options, keep_output=keep_output, raw=clean, graph=graph,
                         source_type=graph.source.type, nexmark=source.get("nexmark", {}),
                         watermark_s=source["watermark_s"], reference=reference,
                         pe_plan=pe_plan)
@@ -495,7 +563,7 @@ class Cost:
 def estimate_cost(spec: PipelineSpec) -> Cost:
     """The largest batch and state ``spec`` can make (see the bounds above)."""
     row_bytes = float(GENERATOR_ROW_BYTES)
-    if spec.source_type == "nexmark":
+    if nexmark_events(spec):
         sizes = {**NEXMARK_DEFAULT_BYTES, **{k: v for k, v in spec.nexmark.items()
                                              if k in NEXMARK_MIX}}
         row_bytes += sum(NEXMARK_MIX[k] * sizes[k] for k in NEXMARK_MIX)
@@ -582,25 +650,12 @@ def _validate(doc: Any) -> PipelineSpec:
 
     sink = _obj(doc.get("sink", {"type": "latency"}), "sink")
     sink_type = _choice(sink, "type", "sink", CHAIN_SINKS, default="latency")
-    _allowed(sink, "sink", {"type", "keep_output"} | {"postgres": {"url", "connection", "table"},
-                                                      "parquet": {"path"},
-                                                      "redis_stream": {"url", "connection",
-                                                                       "stream"}}.get(sink_type, set()))
+    _allowed(sink, "sink", {"type", "keep_output"} | SINK_FIELDS.get(sink_type, set()))
     keep_output = sink.get("keep_output", True)
     if not isinstance(keep_output, bool):
         raise DefinitionError("sink.keep_output", "must be true or false")
-    sink_doc: dict[str, Any] = {"type": sink_type, "keep_output": keep_output}
-    if sink_type == "postgres":
-        sink_doc.update(_validate_postgres_sink(sink, "sink"))
-    elif sink_type == "parquet":
-        sink_doc["path"] = _relative_path(sink, "sink")
-    elif sink_type == "redis_stream":
-        sink_doc.update(_server(sink, "sink", SERVER_SCHEMES["redis"],
-                                "redis://127.0.0.1:6379/0"))
-        stream = sink.get("stream")
-        if not isinstance(stream, str) or not 0 < len(stream) <= 256:
-            raise DefinitionError("sink.stream", "must be a stream name of 1-256 characters")
-        sink_doc["stream"] = stream
+    sink_doc: dict[str, Any] = {"type": sink_type, "keep_output": keep_output,
+                                **_sink_target(sink, "sink", sink_type)}
     options = _run_options(doc)
     if source_type in BROKER_SOURCES and ops[stateful[0]].type != "keyed_aggregate":
         raise DefinitionError(f"operators[{stateful[0]}]", f"a {source_type} source feeds a "
@@ -663,6 +718,27 @@ def server_url(doc: dict[str, Any], path: str, schemes: tuple[str, ...],
     return url
 
 
+SINK_FIELDS = {"postgres": {"url", "connection", "table"}, "parquet": {"path"},
+               "redis_stream": {"url", "connection", "stream"}}
+
+
+def _sink_target(sink: dict[str, Any], path: str, sink_type: str) -> dict[str, Any]:
+    """Where a ``postgres``, ``parquet`` or ``redis_stream`` sink writes (a chain's
+    ``sink``, a dataflow sink node's ``to``); nothing for the latency sink."""
+    if sink_type == "postgres":
+        return _validate_postgres_sink(sink, path)
+    if sink_type == "parquet":
+        return {"path": _relative_path(sink, path)}
+    if sink_type == "redis_stream":
+        stream = sink.get("stream")
+        if not isinstance(stream, str) or not 0 < len(stream) <= 256:
+            raise DefinitionError(f"{path}.stream", "must be a stream name of 1-256 "
+                                  "characters")
+        return {**_server(sink, path, SERVER_SCHEMES["redis"], "redis://127.0.0.1:6379/0"),
+                "stream": stream}
+    return {}
+
+
 def _validate_postgres_sink(sink: dict[str, Any], path: str) -> dict[str, Any]:
     """A ``postgres`` sink: the database (a URL without a password) and the table,
     ``[schema.]name`` in PostgreSQL's plain identifiers."""
@@ -714,7 +790,8 @@ def _validate_files_source(src: dict[str, Any], path: str) -> dict[str, Any]:
             "fields": _record_fields(src, path)}
 
 
-def _validate_broker_stream(src: dict[str, Any], path: str, kind: str) -> dict[str, Any]:
+def _validate_broker_stream(src: dict[str, Any], path: str, kind: str,
+                            chain: bool = True) -> dict[str, Any]:
     """A broker source's own fields: the server (a URL without credentials: a password
     belongs in a connection, never in a definition), the stream, and the record fields
     the records take with their types (a Redis entry's fields, a JetStream message's
@@ -730,27 +807,37 @@ def _validate_broker_stream(src: dict[str, Any], path: str, kind: str) -> dict[s
         if not isinstance(stream, str) or not 0 < len(stream) <= 256:
             raise DefinitionError(f"{path}.stream", "must be a stream name of 1-256 "
                                   "characters")
-    return {**server, "stream": stream, "fields": _record_fields(src, path)}
+    return {**server, "stream": stream, "fields": _record_fields(src, path, chain)}
 
 
-def _record_fields(src: dict[str, Any], path: str) -> dict[str, str]:
+def _record_fields(src: dict[str, Any], path: str, chain: bool = True) -> dict[str, str]:
     """The fields a source's records take, with their types (``FIELD_TYPES``); a
     chain's operators read ``key`` (long) and ``value`` (double)."""
     fields = _obj(src.get("fields", {"key": "long", "value": "double"}), f"{path}.fields")
     if not fields or len(fields) > 64:
         raise DefinitionError(f"{path}.fields", "must name 1-64 entry fields")
     for name, kind in fields.items():
-        if not name.isidentifier() or name in ("seq", "emit_ts") or len(name) > 64:
+        if not name.isidentifier() or name in ("seq", "emit_ts", "event_time") \
+                or len(name) > 64:
             raise DefinitionError(f"{path}.fields.{name}", "must be an identifier of at most "
-                                  "64 characters other than seq and emit_ts")
+                                  "64 characters other than seq, emit_ts and event_time")
         if kind not in FIELD_TYPES:
             raise DefinitionError(f"{path}.fields.{name}", f"{json.dumps(kind)} is not one "
                                   f"of: {', '.join(FIELD_TYPES)}")
-    for name, kind in (("key", "long"), ("value", "double")):
+    for name, kind in (("key", "long"), ("value", "double")) if chain else ():
         if fields.get(name) != kind:
             raise DefinitionError(f"{path}.fields", f"needs {name!r}: {json.dumps(kind)} "
                                   "(what the operators read)")
     return dict(fields)
+
+
+def with_source_doc(spec: PipelineSpec, source: dict[str, Any]) -> PipelineSpec:
+    """``spec`` with its source (``source_doc``) replaced, validated again."""
+    if spec.graph is None:
+        return validate({**spec.raw, "source": source})
+    nodes = [source if isinstance(n, dict) and n.get("type") in dataflow.SOURCE_TYPES
+             else n for n in spec.raw["nodes"]]
+    return validate({**spec.raw, "nodes": nodes})
 
 
 def picture(spec: PipelineSpec) -> dataflow.Picture:
