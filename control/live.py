@@ -433,13 +433,14 @@ def observe(records: list[dict[str, Any]], previous: dict[str, Any] | None) -> S
     counted = records if previous is not None else records[1:] or records
     powered = [r for r in records if r.get("power_w") is not None]
     workers = int(last.get("workers") or 1)
+    rate = max(_arrival_rate(records, previous), 0.0)
     return StepObservation(
-        batches=len(records), rate=max(_arrival_rate(records, previous), 0.0),
+        batches=len(records), rate=rate,
         throughput=sum(r.get("records") or 0 for r in counted) / span,
         latency_s=_mean(records, "latency_p95_ms", 1000),
         batch_s=_mean(records, "batch_duration_ms", 1000),
         workers=workers, freq_ghz=float(last.get("frequency_ghz") or 0),
-        power_w=_mean(records, "power_w"), backlog=_backlog(last),
+        power_w=_mean(records, "power_w"), backlog=_backlog(last, rate),
         failed_tasks=sum(r.get("failed_tasks") or 0 for r in records),
         power_measured=bool(powered) and all(r.get("power_source") == "measured"
                                              for r in powered),
@@ -451,14 +452,16 @@ def _arrival_rate(records: list[dict[str, Any]], previous: dict[str, Any] | None
     when a batch's trigger starts: its growth is measured over the same instants
     (commit times would add batch jitter); without it, the batches' own rates."""
     first, last = previous or records[0], records[-1]
-    if previous is None or last.get("source_latest") is None \
-            or first.get("source_latest") is None:
+    # A source whose offsets are not record counts reports its arrivals apart.
+    field = "source_arrived" if last.get("source_arrived") is not None \
+        and first.get("source_arrived") is not None else "source_latest"
+    if previous is None or last.get(field) is None or first.get(field) is None \
+            or (field == "source_latest" and last.get("source_behind_s") is not None):
         return statistics.fmean(r.get("scheduled_rate") or r.get("input_rate") or 0.0
                                 for r in records)
     clock = "trigger_started_at" if last.get("trigger_started_at") and \
         first.get("trigger_started_at") else "t"
-    return (last["source_latest"] - first["source_latest"]) / max(
-        last[clock] - first[clock], 1e-6)
+    return (last[field] - first[field]) / max(last[clock] - first[clock], 1e-6)
 
 
 def _mean(records: list[dict[str, Any]], field: str, per: float = 1.0) -> float | None:
@@ -469,8 +472,12 @@ def _mean(records: list[dict[str, Any]], field: str, per: float = 1.0) -> float 
     return statistics.fmean(values) if values else None
 
 
-def _backlog(last: dict[str, Any]) -> int:
-    """Records available but not read yet, when the last batch was planned."""
+def _backlog(last: dict[str, Any], rate: float) -> int:
+    """Records available but not read yet, when the last batch was planned: the
+    offsets between (record counts), or, for a source whose offsets are time (a Redis
+    stream's entry IDs), the seconds between at the arrival ``rate``."""
+    if last.get("source_behind_s") is not None:
+        return int(max(0.0, float(last["source_behind_s"])) * rate)
     if last.get("source_latest") is None or last.get("source_end") is None:
         return 0
     return int(last["source_latest"] - last["source_end"])

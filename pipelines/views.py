@@ -293,8 +293,8 @@ def run_frequency(request: HttpRequest, pk: int) -> HttpResponse:
 def _source_facts(run: Run) -> dict[str, Any]:
     """The run's source type, where its records' latency is measured from, and where
     its dead letters go (a source whose records may not convert)."""
-    source = (run.pipeline_version.definition or {}).get("source") or {}
-    kind = source.get("type", "generator") if isinstance(source, dict) else "generator"
+    source = pdef.source_doc_of(run.pipeline_version.definition)
+    kind = str(source.get("type", "generator"))
     facts: dict[str, Any] = {"source_type": kind, "latency_from": "the scheduled emission"}
     if kind == "files":
         facts["latency_from"] = "the file's arrival"

@@ -172,6 +172,10 @@ class MetricsRecord(TypedDict):
     source_start: int | None
     source_end: int | None
     source_latest: int | None  # records scheduled by now: arrivals and backlog
+    # Where the offsets are not record counts (a Redis stream's packed entry IDs): the
+    # records the source was ever given, and the seconds its newest is ahead of the end.
+    source_arrived: float | None
+    source_behind_s: float | None
     boundary_ms: float | None  # time spent between batches (placement, migration step)
     repinned: int
     frequency_ghz: float

@@ -548,3 +548,25 @@ def test_lat_power_steps_its_frequency_down_when_the_bound_allows() -> None:
         assert (min(seen) < F_MAX) is steps_down, (strategy, seen)
         assert all(abs(a - b) <= 0.2 + 1e-9 for a, b in zip([F_MAX, *seen], seen,
                                                            strict=False)), seen
+
+
+def test_a_stream_whose_offsets_are_time_is_counted_in_records() -> None:
+    """A Redis stream's offsets are packed entry IDs (2**20 a millisecond): its arrivals
+    come from the entries it was ever given, its backlog from the seconds its newest
+    entry is ahead of the batch's end at that rate, never from offset differences
+    (which made a 4,000 records/s stream look like 10**9)."""
+    def batch(i: int) -> dict:
+        end = (1_800_000_000_000 + 1000 * i) << 20
+        return {"batch_id": 30 + i, "t": 100.0 + i, "trigger_started_at": 99.5 + i,
+                "input_rows": 4000, "records": 4000, "batch_duration_ms": 900,
+                "latency_p95_ms": 1500, "workers": 1, "frequency_ghz": F_MAX,
+                "source_end": end, "source_latest": end + (500 << 20),
+                "source_arrived": 1_000_000 + 4000 * i, "source_behind_s": 0.5}
+
+    records = [batch(i) for i in range(5)]
+    obs = live.observe(records[1:], records[0])
+    assert obs.rate == pytest.approx(4000)
+    assert obs.backlog == 2000
+    # A Redis before 7 (no entries_added): the batches' own rates, not the offsets.
+    older = [{**r, "source_arrived": None, "input_rate": 3900.0} for r in records]
+    assert live.observe(older[1:], older[0]).rate == pytest.approx(3900)

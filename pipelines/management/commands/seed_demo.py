@@ -13,7 +13,12 @@ from pipelines import actions
 from pipelines.models import Pipeline
 from pipelines.nexmark import queries as nexmark_queries
 from pipelines.runtime.runner import calibration
-from pipelines.runtime.spec.definition import DEMO_DEFINITION, ELASTIC_DEFINITION, HFT_DEFINITION
+from pipelines.runtime.spec.definition import (
+    DEMO_DEFINITION,
+    ELASTIC_DEFINITION,
+    ELASTIC_STREAM_DEFINITION,
+    HFT_DEFINITION,
+)
 
 DEMO_PIPELINE = "hft-demo"
 HFT_PIPELINE = "hft-kernel"
@@ -31,9 +36,7 @@ NEXMARK_RATE = 500  # events/s: well within one 1-core executor here
 
 # The stream demo: the feeder (started by ``manage.py up``) publishes orders into a
 # Redis stream of the product's own Redis, a few malformed on purpose; a pipeline reads
-# them through a connection. Its rate is low enough that the feeder (a Python process
-# beside Spark on the same cores) costs little: the elastic demo's step, 110 % of a
-# worker's measured capacity, would need a core of its own to publish.
+# them through a connection.
 STREAM_PIPELINE = "orders-from-redis"
 STREAM_NAME = "orders"
 STREAM_CONNECTION = "local-redis"
@@ -65,19 +68,46 @@ def seed_stream_demo(user: Any) -> Pipeline:
     return actions.save_pipeline(pipeline, user)
 
 
-def seed_elastic_demo(user: Any, cal: calibration.Calibration) -> tuple[Pipeline, Policy]:
+# The elastic demo on its stream: the feeder repeats the calibrated step, this long at
+# low between high phases, so that a run started at any moment meets a high phase
+# after its controller's warm-up and within 3 minutes of Start.
+ELASTIC_REST_S = 60
+
+
+def elastic_feed(cal: calibration.Calibration) -> tuple[dict[str, Any], int]:
+    """What the feeder publishes into the elastic demo's stream: the step's cycle (its
+    rate schedule and length, repeated) from the calibration."""
+    return calibration.step_plan(cal).feeder_cycle(ELASTIC_REST_S)
+
+
+def seed_elastic_demo(user: Any, cal: calibration.Calibration, stream: bool = False
+                      ) -> tuple[Pipeline, Policy]:
     """The demo that shows the product's main job: a rate that steps above one worker's
     measured capacity and back, under a Lat-Node MPC that scales the run 1 -> 2 -> 1
     workers (moving keyed state each time). Re-seeding after a new calibration makes a
-    new pipeline version and updates the policy's bound."""
+    new pipeline version and updates the policy's bound. ``stream``: the records come
+    from the Redis stream the feeder fills on the step (``ELASTIC_STREAM_DEFINITION``,
+    ``elastic_feed``), else from the generator on the step (tests, benchmarks)."""
     plan = calibration.step_plan(cal)
-    doc = json.loads(json.dumps(ELASTIC_DEFINITION))
-    doc["source"]["rate"] = plan.rate(DEMO_CYCLES, DEMO_REST_S)
-    description = (
-        f"Keyed count over 1M uniform keys. Rate {plan.low_rps:,.0f} records/s, stepping to "
-        f"{plan.high_rps:,.0f} (110 % of one worker's measured capacity, "
-        f"{cal.capacity_rps:,.0f} records/s) from {plan.up_at_s} s to {plan.down_at_s} s "
-        f"after start, then back; {DEMO_CYCLES} cycles.")
+    if stream:
+        doc = json.loads(json.dumps(ELASTIC_STREAM_DEFINITION))
+        doc["source"]["rate"] = {"kind": "constant", "records_per_s": round(plan.high_rps)}
+        _schedule, cycle_s = elastic_feed(cal)
+        description = (
+            f"Keyed count over 1M uniform keys, read from the Redis stream "
+            f"'{doc['source']['stream']}' that the feeder fills at {plan.low_rps:,.0f} "
+            f"records/s, stepping to {plan.high_rps:,.0f} (110 % of one worker's measured "
+            f"capacity, {cal.capacity_rps:,.0f} records/s) for "
+            f"{plan.down_at_s - plan.up_at_s} s every {cycle_s} s; a run reads it from "
+            "the stream's end when it starts.")
+    else:
+        doc = json.loads(json.dumps(ELASTIC_DEFINITION))
+        doc["source"]["rate"] = plan.rate(DEMO_CYCLES, DEMO_REST_S)
+        description = (
+            f"Keyed count over 1M uniform keys. Rate {plan.low_rps:,.0f} records/s, "
+            f"stepping to {plan.high_rps:,.0f} (110 % of one worker's measured capacity, "
+            f"{cal.capacity_rps:,.0f} records/s) from {plan.up_at_s} s to "
+            f"{plan.down_at_s} s after start, then back; {DEMO_CYCLES} cycles.")
     pipeline = Pipeline.objects.filter(name=ELASTIC_PIPELINE).first()
     if pipeline is None:
         pipeline = Pipeline(name=ELASTIC_PIPELINE)

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -30,7 +31,7 @@ from pipelines.runtime import bus as busmod
 from pipelines.runtime.runner import calibration
 from pipelines.runtime.cluster import standalone as cluster
 from pipelines.runtime.host import secretfile
-from pipelines.runtime.spec.definition import ELASTIC_DEFINITION
+from pipelines.runtime.spec.definition import ELASTIC_STREAM_DEFINITION
 from pipelines.runtime.runner.harness import HarnessError
 
 
@@ -122,21 +123,23 @@ class Command(BaseCommand):
                 raise CommandError(str(exc)) from exc
             self.stdout.write(f"Spark master {self.cluster_info.master_url} "
                               f"(UI {self.cluster_info.master_web})")
-        self._seed_elastic_demo(var)
-        feeder = self._seed_stream_demo()
+        connections = self._keep_local_connection()
+        feeders = {"feeder": self._seed_stream_demo()}
+        elastic_feeder = self._seed_elastic_demo(var, connections)
+        if elastic_feeder is not None:
+            feeders["feeder-elastic"] = elastic_feeder
         for name, args in product_processes(options["port"], var).items():
             self._spawn(name, args, logs)
-        self._spawn("feeder", feeder, logs, env={FEED_PASSWORD_ENV: _password(
-            settings.REDIS_URL)})
+        for name, args in feeders.items():
+            self._spawn(name, args, logs, env={FEED_PASSWORD_ENV: _password(
+                settings.REDIS_URL)})
         self.stdout.write(self.style.SUCCESS(
             f"\nStreamwise is up: http://127.0.0.1:{options['port']}/  (logs in {logs})\n"
             "Ctrl-C stops everything."))
 
-    def _seed_stream_demo(self) -> list[str]:
+    def _keep_local_connection(self) -> dict[str, dict[str, str]]:
         """The connection to the product's own Redis (its password in the connection),
-        the pipeline that reads the stream demo's orders through it, and the feeder's
-        command (``_start`` runs it beside the product; its password in the
-        environment)."""
+        which both demos' streams are read through; as a runner gets it."""
         from django.contrib.auth import get_user_model
 
         from pipelines.management.commands import seed_demo as demo
@@ -145,51 +148,77 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
         conn, _ = Connection.objects.get_or_create(name=demo.STREAM_CONNECTION, defaults={
             "kind": "redis", "created_by": user,
-            "description": "The product's own Redis (the stream demo's orders)."})
+            "description": "The product's own Redis (the demos' streams)."})
         public, password = busmod.public_url(settings.REDIS_URL), _password(settings.REDIS_URL)
         if (conn.kind, conn.url, conn.password) != ("redis", public, password):
             conn.kind, conn.url, conn.password = "redis", public, password
             conn.save()  # (audited: the password as "(old)" -> "(new)")
-        pipeline = demo.seed_stream_demo(user)
-        self.stdout.write(f"stream demo: pipeline '{pipeline.name}' ({pipeline.description})")
-        command = [sys.executable, "-m", "pipelines.feed", "redis", "--url", public,
-                   "--stream", demo.STREAM_NAME,
-                   "--rate", json.dumps({"kind": "constant",
-                                         "records_per_s": demo.STREAM_RATE}),
-                   "--keys", json.dumps(demo.STREAM_KEYS),
-                   "--malformed", str(demo.STREAM_MALFORMED),
-                   # (3 minutes of orders: a run of the demo never falls that far behind)
-                   "--maxlen", str(180 * demo.STREAM_RATE)]
-        if password:
+        return {conn.name: conn.runtime()}
+
+    def _feeder(self, stream: str, rate: dict[str, Any], keys: dict[str, Any],
+                *extra: str) -> list[str]:
+        """A feeder's command into the product's Redis (its password in the
+        environment, never on the command line)."""
+        command = [sys.executable, "-m", "pipelines.feed", "redis", "--url",
+                   busmod.public_url(settings.REDIS_URL), "--stream", stream,
+                   "--rate", json.dumps(rate), "--keys", json.dumps(keys), *extra]
+        if _password(settings.REDIS_URL):
             command += ["--password-env", FEED_PASSWORD_ENV]
         return command
 
-    def _seed_elastic_demo(self, var: Path) -> None:
-        """Measure one worker's capacity (first start only; ~2 min), then seed the
-        elastic demo from it, so that its rate step needs a second worker on this
-        machine, whatever its speed."""
+    def _seed_stream_demo(self) -> list[str]:
+        """The pipeline that reads the stream demo's orders and the feeder's command
+        (``_start`` runs it beside the product)."""
         from django.contrib.auth import get_user_model
 
-        from pipelines.management.commands.seed_demo import seed_elastic_demo
+        from pipelines.management.commands import seed_demo as demo
+
+        user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
+        pipeline = demo.seed_stream_demo(user)
+        self.stdout.write(f"stream demo: pipeline '{pipeline.name}' ({pipeline.description})")
+        return self._feeder(demo.STREAM_NAME,
+                            {"kind": "constant", "records_per_s": demo.STREAM_RATE},
+                            demo.STREAM_KEYS, "--malformed", str(demo.STREAM_MALFORMED),
+                            # (3 minutes of orders: a run never falls that far behind)
+                            "--maxlen", str(180 * demo.STREAM_RATE))
+
+    def _seed_elastic_demo(self, var: Path, connections: dict[str, dict[str, str]]
+                           ) -> list[str] | None:
+        """Measure one worker's capacity reading the elastic demo's stream (first start
+        only; ~2 min, on a scratch stream), then seed the elastic demo from it, so that
+        its rate step needs a second worker on this machine, whatever its speed; the
+        command of the feeder that repeats the step into the stream."""
+        from django.contrib.auth import get_user_model
+
+        from pipelines.management.commands import seed_demo as demo
 
         master = (self.cluster_info.master_url if self.cluster_info
                   else settings.SPARK_MASTER_URL)
-        path = var / "calibration" / f"{calibration.shape_of(ELASTIC_DEFINITION)}.json"
-        if calibration.load(path, ELASTIC_DEFINITION) is None:
+        shape = ELASTIC_STREAM_DEFINITION
+        path = var / "calibration" / f"{calibration.shape_of(shape)}.json"
+        if calibration.load(path, shape) is None:
             self.stdout.write("first start: measuring one Spark worker's capacity for the "
                               "elastic demo (~2 min, once)…")
         try:
             cal = calibration.load_or_calibrate(path, master, var / "calibration",
-                                                settings.REDIS_URL, ELASTIC_DEFINITION,
-                                                progress=self.stdout.write)
+                                                settings.REDIS_URL, shape,
+                                                progress=self.stdout.write,
+                                                connections=connections)
         except HarnessError as exc:
             self.stderr.write(f"{exc}: the elastic demo is not seeded (runner log under "
                               f"{var / 'calibration'})")
-            return
+            return None
         user = get_user_model().objects.filter(is_superuser=True).order_by("pk").first()
-        pipeline, policy = seed_elastic_demo(user, cal)
+        pipeline, policy = demo.seed_elastic_demo(user, cal, stream=True)
         self.stdout.write(f"elastic demo: pipeline '{pipeline.name}' under policy "
                           f"'{policy.name}' ({pipeline.description})")
+        schedule, cycle_s = demo.elastic_feed(cal)
+        source = shape["source"]
+        high = calibration.step_plan(cal).high_rps
+        return self._feeder(source["stream"], schedule, source["keys"],
+                            "--seconds", str(cycle_s), "--repeat",
+                            # (90 s at the high rate: what a run may fall behind)
+                            "--maxlen", str(int(90 * high)))
 
     @staticmethod
     def _use_redis(url: str) -> None:

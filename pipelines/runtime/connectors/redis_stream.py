@@ -132,6 +132,23 @@ def end_offset(r: redis.Redis, stream: str) -> int:
     return pack(newest[0][0]) + 1 if newest else 0
 
 
+def arrivals(r: redis.Redis, stream: str) -> tuple[int, int | None]:
+    """The end offset and how many entries the stream was ever given (XINFO STREAM's
+    ``entries-added``, Redis 7; None before), read in one transaction. A packed ID
+    counts milliseconds, not entries: the control loop's arrival rate is the growth of
+    the second."""
+    pipe = r.pipeline(transaction=True)
+    pipe.xrevrange(stream, count=1)
+    pipe.xinfo_stream(stream)
+    try:
+        newest, info = pipe.execute()
+    except redis.ResponseError:  # no such stream yet
+        return 0, 0
+    added = info.get("entries-added", info.get(b"entries-added"))
+    return (pack(newest[0][0]) + 1 if newest else 0,
+            int(added) if added is not None else None)
+
+
 def first_offset(r: redis.Redis, stream: str) -> int | None:
     """The oldest entry's offset still in the stream (None when it is empty)."""
     oldest = r.xrange(stream, count=1)

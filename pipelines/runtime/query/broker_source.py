@@ -115,6 +115,24 @@ class RedisStreamReader(BrokerStreamReader):
     def _capped_end(self, begin: int, available: int, most: int) -> int:
         return rs.end_after(self._redis(), self.source.stream, begin, most, available)
 
+    def latestOffset(self, start: dict, limit: Any) -> dict:
+        end = super().latestOffset(start, limit)
+        self._planned_end = int(end["offset"])
+        return end
+
+    def reportLatestOffset(self) -> dict:
+        """The newest offset, with what the control loop counts in records (a packed
+        ID counts milliseconds): the entries the stream was ever given, and how far
+        behind it the batch just planned ends, in the broker's seconds."""
+        latest, added = rs.arrivals(self._redis(), self.source.stream)
+        report: dict[str, Any] = {"offset": latest}
+        if added is not None:
+            report["entries_added"] = added
+        planned = getattr(self, "_planned_end", None)
+        if planned is not None and latest >= planned:
+            report["behind_s"] = rs.emit_seconds(latest) - rs.emit_seconds(planned)
+        return report
+
     def _batches(self, start: int, end: int) -> Iterator[Any]:
         r = self._redis()
         for page in rs.entries(r, self.source.stream, start, end):

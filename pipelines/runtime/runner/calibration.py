@@ -25,7 +25,8 @@ import json
 import shutil
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,14 @@ RAMP: tuple[tuple[float, int], ...] = ((150_000.0, 7), (5_000.0, 30))
 ALTERNATE: tuple[tuple[float, int], ...] = ((5_000.0, 20), (80_000.0, 8))
 MIN_CYCLES = 2
 ALTERNATIONS = 40
+# A pipeline that reads a Redis stream is calibrated on a scratch stream of its own,
+# which a feeder in this process fills at these rates: no burst (a stream's reader
+# costs ~140 µs of CPU a record here, against ~7 µs for the keyed state, so the state's
+# size hardly moves the slope, and a publisher makes ~20K entries/s, not 150K), then
+# low and high alternating. High for 6 s at 16K/s leaves ~100K entries that one worker
+# (~8K/s measured by bench sources) drains within the low phase.
+STREAM_RAMP: tuple[tuple[float, int], ...] = ((500.0, 30),)
+STREAM_ALTERNATE: tuple[tuple[float, int], ...] = ((500.0, 24), (16_000.0, 6))
 # Batches past the warm-up the least-squares fit waits for.
 MIN_FIT_BATCHES = 12
 # The fit's batches must differ in size by this much (standard deviation over the mean)
@@ -129,6 +138,17 @@ class StepPlan:
         return {"kind": "step", "steps": steps}
 
 
+    def feeder_cycle(self, rest_s: int) -> tuple[dict[str, Any], int]:
+        """The step as a feeder repeats it for runs that start at any time: ``rest_s``
+        at low, then high as long as the step's high phase; the schedule and its
+        length in seconds."""
+        high_s = self.down_at_s - self.up_at_s
+        return ({"kind": "step", "steps": [[0, round(self.low_rps)],
+                                           [rest_s, round(self.high_rps)],
+                                           [rest_s + high_s, round(self.low_rps)]]},
+                rest_s + high_s)
+
+
 def step_plan(cal: Calibration) -> StepPlan:
     from control.live import LATENCY_QUANTILE, WARMUP_BATCHES
 
@@ -172,30 +192,92 @@ def shape_of(definition: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def ramp_definition(definition: dict[str, Any]) -> dict[str, Any]:
-    """The pipeline under the calibration ramp (a per-second step schedule)."""
+def _steps(ramp: tuple[tuple[float, int], ...], alternate: tuple[tuple[float, int], ...]
+           ) -> dict[str, Any]:
     steps, t = [], 0
-    for rate, seconds in RAMP + ALTERNATE * ALTERNATIONS + ((ALTERNATE[0][0], 0),):
+    for rate, seconds in ramp + alternate * ALTERNATIONS + ((alternate[0][0], 0),):
         steps.append([t, rate])
         t += seconds
+    return {"kind": "step", "steps": steps}
+
+
+def ramp_definition(definition: dict[str, Any]) -> dict[str, Any]:
+    """The pipeline under the calibration ramp (a per-second step schedule)."""
     doc = json.loads(json.dumps(definition))
-    doc["source"]["rate"] = {"kind": "step", "steps": steps}
+    doc["source"]["rate"] = _steps(RAMP, ALTERNATE)
     return doc
+
+
+def reads_a_stream(definition: dict[str, Any]) -> bool:
+    return (definition.get("source") or {}).get("type") == "redis_stream"
+
+
+@contextmanager
+def ramp_source(definition: dict[str, Any], connections: dict[str, dict[str, str]] | None
+                ) -> Iterator[tuple[dict[str, Any], tuple[tuple[float, int], ...],
+                                    tuple[tuple[float, int], ...]]]:
+    """The pipeline under the calibration ramp, with the ramp it runs: the generator's
+    schedule, or for a Redis stream a scratch stream (``<stream>-calibration``, read
+    from its start, removed after) that a feeder thread fills on the stream ramp."""
+    if not reads_a_stream(definition):
+        yield ramp_definition(definition), RAMP, ALTERNATE
+        return
+    import threading
+
+    import redis
+
+    from pipelines.runtime import connectors
+    from pipelines.runtime.connectors import feed as feeder
+
+    connectors.register_connections(connections)
+    source = definition["source"]
+    scratch = f"{source['stream']}-calibration"
+    r = redis.Redis.from_url(connectors.server_url(source))
+    r.delete(scratch)
+    doc = json.loads(json.dumps(definition))
+    doc["source"] = {k: v for k, v in source.items() if k not in ("start", "start_offset")}
+    doc["source"]["stream"] = scratch
+    feed = feeder.Feed(seed=17, rate=_steps(STREAM_RAMP, STREAM_ALTERNATE),
+                       keys=source.get("keys") or {"kind": "uniform", "n": 1000})
+    stop = threading.Event()
+    thread = threading.Thread(target=feeder.publish, daemon=True, args=(
+        feeder.RedisPublisher(r, scratch), scratch, feed),
+        kwargs={"say": lambda _m: None, "stop": stop.is_set})
+    thread.start()
+    try:
+        yield doc, STREAM_RAMP, STREAM_ALTERNATE
+    finally:
+        stop.set()
+        thread.join(30)
+        r.delete(scratch)
 
 
 def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str, Any],
               progress: Callable[[str], None] = lambda _m: None,
-              run_id: int = 990_007) -> Calibration:
-    """Run ``definition`` on one worker under the ramp and fit the batch model."""
+              run_id: int = 990_007,
+              connections: dict[str, dict[str, str]] | None = None) -> Calibration:
+    """Run ``definition`` on one worker under the ramp and fit the batch model
+    (``connections``: those its source names, for a stream's)."""
+    with ramp_source(definition, connections) as (doc, ramp, alternate):
+        return _calibrate(master_url, work, redis_url, definition, doc, ramp, alternate,
+                          progress, run_id, connections)
+
+
+def _calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str, Any],
+               doc: dict[str, Any], ramp: tuple[tuple[float, int], ...],
+               alternate: tuple[tuple[float, int], ...],
+               progress: Callable[[str], None], run_id: int,
+               connections: dict[str, dict[str, str]] | None) -> Calibration:
     import numpy as np
 
     from control.live import MIN_R2, WARMUP_BATCHES
 
-    ramp_s = (sum(s for _r, s in RAMP)
-              + MIN_CYCLES * sum(s for _r, s in ALTERNATE))
-    progress(f"calibration: one worker under {', '.join(f'{r / 1000:.0f}K' for r, _s in RAMP)}"
-             f" records/s, then {' / '.join(f'{r / 1000:.0f}K' for r, _s in ALTERNATE)} "
-             f"alternating, at least {ramp_s} s and until {MIN_FIT_BATCHES} batches past "
+    ramp_s = (sum(s for _r, s in ramp)
+              + MIN_CYCLES * sum(s for _r, s in alternate))
+    where = " into a scratch stream" if reads_a_stream(definition) else ""
+    progress(f"calibration: one worker under {', '.join(f'{r / 1000:g}K' for r, _s in ramp)}"
+             f" records/s{where}, then {' / '.join(f'{r / 1000:g}K' for r, _s in alternate)}"
+             f" alternating, at least {ramp_s} s and until {MIN_FIT_BATCHES} batches past "
              "the warm-up differ enough in size")
 
     def usable(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -211,8 +293,9 @@ def calibrate(master_url: str, work: Path, redis_url: str, definition: dict[str,
     token = f"calib{int(time.time())}"
     # A fresh checkpoint each time (a runner refuses to resume one without its clock).
     run_dir = Path(work) / token
-    with RunnerProcess(run_dir, master_url, ramp_definition(definition), redis_url,
-                       run_id=run_id, token=token, max_workers=1, initial_workers=1) as run:
+    extra = {"connections": connections} if connections else {}
+    with RunnerProcess(run_dir, master_url, doc, redis_url, run_id=run_id, token=token,
+                       max_workers=1, initial_workers=1, **extra) as run:
         try:
             # (t0 is known once the query has started, and metrics come only after.)
             run.wait_until(lambda: bool(run.metrics) and enough(run.metrics, run.t0),
@@ -267,7 +350,8 @@ def load(path: Path, definition: dict[str, Any]) -> Calibration | None:
 
 def load_or_calibrate(path: Path, master_url: str, work: Path, redis_url: str,
                       definition: dict[str, Any],
-                      progress: Callable[[str], None] = lambda _m: None) -> Calibration:
+                      progress: Callable[[str], None] = lambda _m: None,
+                      connections: dict[str, dict[str, str]] | None = None) -> Calibration:
     """The stored calibration, or a new one (stored at ``path``)."""
     cal = load(path, definition)
     if cal is not None:
@@ -276,7 +360,8 @@ def load_or_calibrate(path: Path, master_url: str, work: Path, redis_url: str,
                  f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(cal.measured_at))}, "
                  f"stored in {path})")
         return cal
-    cal = calibrate(master_url, work, redis_url, definition, progress)
+    cal = calibrate(master_url, work, redis_url, definition, progress,
+                    connections=connections)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -56,6 +56,19 @@ def source_offset(raw: Any) -> int | None:
     return int(doc["offset"]) if isinstance(doc, dict) and "offset" in doc else None
 
 
+def source_field(raw: Any, name: str) -> float | None:
+    """Another field of a source's reported offset (a Redis stream's
+    ``entries_added``, ``behind_s``: ``broker_source``), None where absent."""
+    if not raw or not isinstance(raw, (str, dict)):
+        return None
+    try:
+        doc = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError:
+        return None
+    value = doc.get(name) if isinstance(doc, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
 class BatchMetrics:
     """Builds, enriches and publishes each micro-batch's metrics record."""
 
@@ -162,6 +175,13 @@ class BatchMetrics:
             "source_end": source_offset(source.endOffset) if source else None,
             "source_latest": (source_offset(getattr(source, "latestOffset", None))
                               if source else None),
+            # Where offsets do not count records (a Redis stream's packed IDs): the
+            # records the source was ever given, and the seconds its newest is ahead
+            # of the batch's end (control.live counts arrivals and backlog by these).
+            "source_arrived": (source_field(getattr(source, "latestOffset", None),
+                                            "entries_added") if source else None),
+            "source_behind_s": (source_field(getattr(source, "latestOffset", None),
+                                             "behind_s") if source else None),
             "boundary_ms": self.boundary_ms,
             "repinned": self.repinned,
             # Filled in by the monitor thread when it publishes:

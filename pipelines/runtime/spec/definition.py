@@ -169,10 +169,7 @@ class PipelineSpec:
     def source_doc(self) -> dict[str, Any]:
         """The source as the definition gives it (a chain's ``source``, a dataflow's
         source node): where a broker source reads, its fields, its start."""
-        if self.graph is None:
-            return self.raw.get("source") or {}
-        return next(n for n in self.raw["nodes"]
-                    if isinstance(n, dict) and n.get("type") in dataflow.SOURCE_TYPES)
+        return source_doc_of(self.raw)
 
     @property
     def sink_key_columns(self) -> tuple[str, ...]:
@@ -190,6 +187,18 @@ class PipelineSpec:
 
     def key_distribution(self) -> wl.KeyDistribution:
         return build_keys(self.keys)
+
+
+def source_doc_of(doc: Any) -> dict[str, Any]:
+    """A definition document's source (a chain's ``source``, a dataflow's source node);
+    {} where it has none (a document not validated yet)."""
+    if not isinstance(doc, dict):
+        return {}
+    if isinstance(doc.get("nodes"), list):
+        return next((n for n in doc["nodes"]
+                     if isinstance(n, dict) and n.get("type") in dataflow.SOURCE_TYPES), {})
+    source = doc.get("source")
+    return source if isinstance(source, dict) else {}
 
 
 # ------------------------------------------------------------------------- helpers
@@ -899,6 +908,21 @@ HFT_DEFINITION: dict[str, Any] = {
 # capacity as measured on the machine that runs it (pipelines.runtime.runner.calibration).
 ELASTIC_DEFINITION: dict[str, Any] = {
     "source": {"type": "generator", "seed": 41, "partitions": 2,
+               "rate": {"kind": "constant", "records_per_s": 1000},
+               "keys": {"kind": "uniform", "n": 1_000_000}},
+    "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
+                   "field": "value"}],
+    "sink": {"type": "latency", "keep_output": True},
+    "key_groups": 4,
+}
+
+# The elastic demo as ``manage.py up`` seeds it: the same keyed count, read from the
+# Redis stream ``elastic-demo`` of the product's own Redis (the connection
+# ``local-redis``), which the feeder fills on the calibrated step, from the stream's
+# end when a run starts. Its rate is the one it is expected to carry (modelled).
+ELASTIC_STREAM_DEFINITION: dict[str, Any] = {
+    "source": {"type": "redis_stream", "connection": "local-redis", "stream": "elastic-demo",
+               "start": "latest", "partitions": 2,
                "rate": {"kind": "constant", "records_per_s": 1000},
                "keys": {"kind": "uniform", "n": 1_000_000}},
     "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
