@@ -181,6 +181,13 @@ def test_a_latest_start_is_pinned_once_for_the_run(stream, tmp_path) -> None:
     earliest = definition.validate({**spec.raw, "source": {**spec.raw["source"],
                                                            "start": "earliest"}})
     assert connectors.pin_start(earliest, tmp_path / "other") is earliest
+    # Trimming what came before the run costs it nothing; trimming its own entries is
+    # told (the verifier then says the run cannot be checked, not that records were lost).
+    r.xtrim(source.stream, maxlen=1, approximate=False)
+    assert connectors.trimmed_from_run(again, tmp_path) == 0
+    r.xadd(source.stream, {"key": "3", "value": "3"})
+    r.xtrim(source.stream, maxlen=1, approximate=False)
+    assert connectors.trimmed_from_run(again, tmp_path) == 1
 
 
 def test_a_batch_offered_twice_to_a_redis_stream_sink_is_added_once(stream) -> None:

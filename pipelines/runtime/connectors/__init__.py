@@ -147,12 +147,48 @@ def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
             return spec
         access = source_access(spec)
         assert access is not None  # (a latest start is a broker's)
-        offset = access.end_offset()
+        pinned: dict[str, Any] = {"pinned_at": time.time()}
+        if spec.source_type == "redis_stream":
+            # With the entries the stream was given by then: how many of the run's
+            # the stream has trimmed since can be told (``trimmed_from_run``).
+            from pipelines.runtime.connectors import redis_stream as rs
+
+            rsource = rs.stream_source(spec)
+            offset, pinned["entries_added"] = rs.arrivals(rs.connection(rsource.url),
+                                                          rsource.stream)
+        else:
+            offset = access.end_offset()
         run_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"offset": offset, "pinned_at": time.time()}))
+        tmp.write_text(json.dumps({"offset": offset, **pinned}))
         tmp.replace(path)
     return definition.with_source_doc(spec, {**source, "start_offset": offset})
+
+
+def trimmed_from_run(spec: definition.PipelineSpec, run_dir: Path) -> int:
+    """How many of the entries a run read (or has still to read) its Redis stream no
+    longer holds: trimmed (a feeder's ``--maxlen``, an XTRIM) since the run pinned its
+    start. A stream only ever loses its oldest entries, so those trimmed beyond the
+    entries it was given before the run are the run's. 0 where that cannot be told (a
+    run from the stream's start, a Redis before 7)."""
+    import json
+
+    if spec.source_type != "redis_stream":
+        return 0
+    try:
+        before = json.loads((run_dir / SOURCE_START_FILE).read_text()).get("entries_added")
+    except (OSError, ValueError):
+        return 0
+    if before is None:
+        return 0
+    from pipelines.runtime.connectors import redis_stream as rs
+
+    rsource = rs.stream_source(spec)
+    r = rs.connection(rsource.url)
+    _end, added = rs.arrivals(r, rsource.stream)
+    if added is None:
+        return 0
+    return max(0, added - int(r.xlen(rsource.stream)) - int(before))
 
 
 @dataclass(frozen=True)

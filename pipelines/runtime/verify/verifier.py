@@ -787,6 +787,12 @@ def verify_run_dir(run_dir: Path | str, progress: Progress | None = None) -> Ver
         t0 = float(json.loads((run_dir / "t0").read_text())["t0"])
     except (OSError, KeyError, ValueError) as exc:
         raise RunDirError(f"cannot read the run in {run_dir}: {exc}") from exc
+    trimmed = connectors.trimmed_from_run(spec, run_dir)
+    if trimmed:
+        raise RunDirError(
+            f"the stream {spec.source_doc.get('stream')!r} no longer holds {trimmed:,} of "
+            "the entries this run read (trimmed since it started: a feeder's --maxlen, an "
+            "XTRIM), so what they were cannot be read again to check the output")
     if not spec.keep_output:
         raise RunDirError("this run kept no output (its sink's keep_output is off), so "
                           "there is nothing to check")
