@@ -134,6 +134,18 @@ def test_a_pipeline_names_connections_in_its_sections_and_the_runner_gets_them(
                                        "redis_url": REDIS_URL}, tmp_path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert json.loads(path.read_text())["connections"]["orders"]["password"] == SECRET
+    # A dataflow names them in its source node and its sink node's "to".
+    from pipelines.nexmark import queries
+
+    q5 = queries.definition("Q5", 500, stream={"type": "redis_stream", "connection": "orders",
+                                               "stream": "bids"},
+                            to={"type": "postgres", "connection": "warehouse",
+                                "table": "hot_items"})
+    assert set(connections.resolve(q5)) == {"orders", "warehouse"}
+    q5["nodes"][-1]["to"]["connection"] = "orders"
+    with pytest.raises(connections.ConnectionProblem) as err:
+        connections.resolve(q5)
+    assert err.value.path == "nodes[4] (out).to.connection"
 
 
 @pytest.mark.django_db
