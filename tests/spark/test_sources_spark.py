@@ -108,6 +108,22 @@ class Feeder:
         return self.sent
 
 
+def _scale_up_rebalance_replan(run: RunnerProcess) -> dict[str, Any]:
+    """1 -> 2 workers with migration, a rebalance, a seamless re-plan to 8 key groups,
+    each a few batches after the one before; the re-plan's acknowledgement."""
+    up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
+    assert up["ok"], up["message"]
+    assert up["migration"]["groups_moved"] >= 1
+    run.wait_batches(2)
+    moved = run.command("rebalance", timeout_s=300, planner="ding-table", tau=0.5,
+                        schedule="all-at-once")
+    assert moved["ok"], moved["message"]
+    run.wait_batches(2)
+    replan = run.command("replan", timeout_s=600, key_groups=8, scheme="seamless")
+    assert replan["ok"], replan["message"]
+    return replan
+
+
 def test_a_redis_stream_through_scale_up_rebalance_and_replan_is_counted_exactly_once(
         tmp_path: Path, spark_cluster: Any, place: Place) -> None:
     url, stream, r = place.url, place.stream, place.r
@@ -123,16 +139,7 @@ def test_a_redis_stream_through_scale_up_rebalance_and_replan_is_counted_exactly
     publisher = Feeder(r, stream, feed)
     with publisher, run:
         run.wait_batches(3)
-        up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
-        assert up["ok"], up["message"]
-        assert up["migration"]["groups_moved"] >= 1
-        run.wait_batches(2)
-        moved = run.command("rebalance", timeout_s=300, planner="ding-table", tau=0.5,
-                            schedule="all-at-once")
-        assert moved["ok"], moved["message"]
-        run.wait_batches(2)
-        replan = run.command("replan", timeout_s=600, key_groups=8, scheme="seamless")
-        assert replan["ok"], replan["message"]
+        _scale_up_rebalance_replan(run)
         run.wait_batches(2)
         total = publisher.finish()
         # Until every published entry has been read: the last batch's end is past
@@ -238,16 +245,7 @@ def test_nexmark_q5_from_a_redis_stream_into_postgres_through_scale_up_rebalance
                        "the run to pin its start")
         with publisher:
             run.wait_batches(2)
-            up = run.command("set_workers", timeout_s=300, workers=2, schedule="batched")
-            assert up["ok"], up["message"]
-            assert up["migration"]["groups_moved"] >= 1
-            run.wait_batches(1)
-            moved = run.command("rebalance", timeout_s=300, planner="ding-table", tau=0.5,
-                                schedule="all-at-once")
-            assert moved["ok"], moved["message"]
-            run.wait_batches(2)
-            replan = run.command("replan", timeout_s=600, key_groups=8, scheme="seamless")
-            assert replan["ok"], replan["message"]
+            replan = _scale_up_rebalance_replan(run)
             assert replan["snapshot_rows"] > 0  # the horizon's entries replayed
             run.wait_until(lambda: any(m["generation"] == 1 and m["output_rows"]
                                        for m in run.metrics), 240,

@@ -921,12 +921,9 @@ ELASTIC_DEFINITION: dict[str, Any] = {
 # ``local-redis``), which the feeder fills on the calibrated step, from the stream's
 # end when a run starts. Its rate is the one it is expected to carry (modelled).
 ELASTIC_STREAM_DEFINITION: dict[str, Any] = {
+    **ELASTIC_DEFINITION,
     "source": {"type": "redis_stream", "connection": "local-redis", "stream": "elastic-demo",
                "start": "latest", "partitions": 2,
-               "rate": {"kind": "constant", "records_per_s": 1000},
-               "keys": {"kind": "uniform", "n": 1_000_000}},
-    "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
-                   "field": "value"}],
-    "sink": {"type": "latency", "keep_output": True},
-    "key_groups": 4,
+               "rate": ELASTIC_DEFINITION["source"]["rate"],
+               "keys": ELASTIC_DEFINITION["source"]["keys"]},
 }
