@@ -38,6 +38,14 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp" 2>/dev/null)" != "$sum" ]; the
   echo "$sum" > "$stamp"
 fi
 
+# The example operator package (examples/streamwise-example-ops): the test setup
+# installs it into the venv as an admin installs a team's package (an entry point in
+# the group streamwise.operators), so the tests run its operators under Streamwise.
+if [ "$want_test" = 1 ] && ! .venv/bin/python -c "import streamwise_example_ops" 2>/dev/null; then
+  echo "bootstrap: installing the example operator package"
+  .venv/bin/pip install -q -e examples/streamwise-example-ops
+fi
+
 # Spark's classes as one shared archive that every run's JVMs map instead of loading
 # them (pipelines/runtime/cluster/classarchive.py): made once per venv (~1 min),
 # checked in a moment after that. .ci/test.sh makes it itself, beside the first tests

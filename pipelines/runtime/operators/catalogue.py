@@ -1,8 +1,8 @@
 """Python operators: named pandas functions a dataflow pipeline chains (node type
 ``python``), and the processing elements (PEs) that run them in Spark.
 
-A definition cannot carry code, so a ``python`` node names an operator of this
-catalogue (``{"id": "fit", "type": "python", "input": "bucket", "function":
+A definition cannot carry code, so a ``python`` node names an installed operator (this
+catalogue's, or an operator package's: ``packages.py``) (``{"id": "fit", "type": "python", "input": "bucket", "function":
 "quote_fit", "params": {"ticks": 192}}``). Every operator is row-wise and
 deterministic: its new columns depend only on the row, so a pipeline's output does not
 depend on how its operators are grouped or partitioned — the property that lets a plan
@@ -41,25 +41,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-Columns = dict[str, str]
+from pipelines.runtime.operators.base import Columns, PyOperator
 
-
-@dataclass(frozen=True)
-class PyOperator:
-    name: str
-    needs: tuple[str, ...]  # input columns it reads
-    adds: Columns  # columns it appends (name -> dataflow type)
-    fn: Callable[[pd.DataFrame, dict[str, Any]], pd.DataFrame]
-    params: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # default, lo, hi
-    doc: str = ""
+__all__ = ["BUILTIN_OPERATORS", "Columns", "PyOperator"]
 
 
 # ---------------------------------------------------------------- HFT kernel steps
@@ -214,7 +206,9 @@ def _bid_format(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
 
 
 _FIT = {"ticks": (128, 4, 4096)}
-OPERATORS: dict[str, PyOperator] = {op.name: op for op in (
+# The product's own operators: the first operator package (``packages.BUILTIN``); a
+# pipeline names any installed package's through ``packages.operator``.
+BUILTIN_OPERATORS: dict[str, PyOperator] = {op.name: op for op in (
     PyOperator("quote_parse", ("seq", "value"), {"price": "double", "size": "long",
                                                  "side": "long"}, _quote_parse,
                doc="a quote's price in cents, size and side"),
@@ -242,6 +236,12 @@ OPERATORS: dict[str, PyOperator] = {op.name: op for op in (
     PyOperator("bid_format", ("auction", "bidder", "price", "fraud"), {"message": "string"},
                _bid_format, doc="the bid as a text record"),
 )}
+
+
+def _operator(name: str) -> PyOperator:
+    from pipelines.runtime.operators import packages
+
+    return packages.operator(name)
 
 
 def output_columns(op: PyOperator, columns: Columns) -> Columns:
@@ -317,7 +317,9 @@ def run_pe(batches: Iterator[pd.DataFrame], steps: list[PeStep],
     """One PE: every Arrow batch through its operators in turn (the ``mapInPandas``
     function). The PE's CPU is the process's CPU from the first batch's arrival to the
     last one's output (Arrow conversions included, time blocked on input excluded)."""
-    ops = [(s, OPERATORS[s.function]) for s in steps]
+    from pipelines.runtime.operators import packages
+
+    ops = [(s, packages.operator(s.function)) for s in steps]
     cpu_mark = time.process_time()
     if profiler is not None:
         profiler.totals["tasks"] += 1  # one call per task: the PE's fixed cost per task
@@ -371,7 +373,7 @@ def time_chain_alone(steps: list[PeStep], sample: pd.DataFrame, seconds: float,
     df = sample
     for step in steps:
         inputs.append(df)
-        df = OPERATORS[step.function].fn(df.copy(), step.params)
+        df = _operator(step.function).fn(df.copy(), step.params)
     times: dict[str, list[float]] = {s.node_id: [] for s in steps}
     evict = np.zeros(EVICT_BYTES // 8)
     deadline = time.monotonic() + seconds
@@ -387,7 +389,7 @@ def time_chain_alone(steps: list[PeStep], sample: pd.DataFrame, seconds: float,
                 evict += 1.0
                 df = frame.copy()
                 before = time.process_time()
-                OPERATORS[step.function].fn(df, step.params)
+                _operator(step.function).fn(df, step.params)
                 times[step.node_id].append(time.process_time() - before)
             finally:
                 gc.enable()

@@ -725,16 +725,18 @@ def _sink(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str,
 
 
 def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
-    """A Python operator of the catalogue (``pyops.py``), by name, with its integer
-    parameters; it keeps its input's columns and appends its own."""
-    from pipelines.runtime.operators import catalogue as pyops
+    """An installed Python operator (the product's catalogue or an operator package's,
+    ``operators/packages.py``), by name, with its integer parameters; it keeps its
+    input's columns and appends its own."""
+    from pipelines.runtime.operators import packages
 
     _allowed(doc, path, {"id", "type", "input", "function", "params"})
     name = doc.get("function")
-    if not isinstance(name, str) or name not in pyops.OPERATORS:
-        raise GraphError(f"{path}.function", f"{json.dumps(name)} is not one of: "
-                                             f"{', '.join(pyops.OPERATORS)}")
-    op = pyops.OPERATORS[name]
+    installed = packages.operators()
+    if not isinstance(name, str) or name not in installed:
+        raise GraphError(f"{path}.function", f"{json.dumps(name)} is not an installed "
+                                             f"operator (installed: {', '.join(installed)})")
+    op = installed[name]
     src = inputs[0].columns
     missing = [c for c in op.needs if c not in src]
     if missing:
@@ -748,7 +750,7 @@ def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[st
     _allowed(raw, f"{path}.params", set(op.params))
     params = {k: _int(raw, k, f"{path}.params", lo, hi, default)
               for k, (default, lo, hi) in op.params.items()}
-    return {"function": name, "params": params}, pyops.output_columns(op, src)
+    return {"function": name, "params": params}, {**src, **op.adds}
 
 
 BUILDERS: dict[str, NodeBuilder] = {

@@ -357,7 +357,7 @@ def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
     """Every node's rows for the source records ``[start, end)``, computed in pandas
     (filters by ``dataflow_pandas``, operators by ``pyops``): the reference of a
     pipeline of filters and Python operators."""
-    from pipelines.runtime.operators import catalogue as pyops
+    from pipelines.runtime.operators import packages
 
     assert spec.graph is not None
     if spec.source_type == "nexmark":
@@ -384,7 +384,7 @@ def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
                 node.params["where"], spec.graph.node(node.inputs[0]).columns, node.id)
             df = dataflow_pandas.keep(df, condition)
         elif node.type == "python":
-            df = pyops.OPERATORS[node.params["function"]].fn(df.copy(),
+            df = packages.operator(node.params["function"]).fn(df.copy(),
                                                               node.params["params"])
         frames[node.id] = df
     return frames
