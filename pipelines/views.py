@@ -36,6 +36,25 @@ def pipeline_list(request: HttpRequest) -> HttpResponse:
         "pipelines": Pipeline.objects.all(), "policies": Policy.objects.all()})
 
 
+def _operator_packages() -> list[dict[str, Any]]:
+    """Every installed operator package with its operators (what each reads and adds,
+    its parameters and doc) or the error that kept it out: the pipeline form's and the
+    Cluster page's list (``operators/packages.py``)."""
+    from pipelines.runtime.operators import packages
+
+    installed = packages.operators()
+    out = []
+    for package in packages.packages():
+        ops = [installed[name] for name in package.operators]
+        out.append({"package": package, "operators": [
+            {"name": op.name, "needs": ", ".join(op.needs),
+             "adds": ", ".join(f"{c} ({t})" for c, t in op.adds.items()),
+             "params": ", ".join(f"{k} = {d} ({lo}–{hi})" for k, (d, lo, hi)
+                                 in op.params.items()),
+             "doc": " ".join((op.doc or "").split())} for op in ops]})
+    return out
+
+
 @login_required
 @permission_required("pipelines.add_pipeline", raise_exception=True)
 def pipeline_create(request: HttpRequest) -> HttpResponse:
@@ -44,7 +63,8 @@ def pipeline_create(request: HttpRequest) -> HttpResponse:
         pipeline = actions.save_pipeline(form.save(commit=False), request.user)
         messages.success(request, f"Pipeline {pipeline.name} created (v1).")
         return redirect("pipeline-list")
-    return render(request, "pipelines/pipeline_form.html", {"form": form, "creating": True})
+    return render(request, "pipelines/pipeline_form.html", {
+        "form": form, "creating": True, "operator_packages": _operator_packages()})
 
 
 @login_required
@@ -58,7 +78,8 @@ def pipeline_edit(request: HttpRequest, pk: int) -> HttpResponse:
         return redirect("pipeline-list")
     return render(request, "pipelines/pipeline_form.html",
                   {"form": form, "pipeline": pipeline, "creating": False,
-                   "dag": _picture(pipeline.definition)})
+                   "dag": _picture(pipeline.definition),
+                   "operator_packages": _operator_packages()})
 
 
 @login_required
@@ -434,7 +455,7 @@ def cluster_page(request: HttpRequest) -> HttpResponse:
     workers = [{"status": w, "runs": overview.runs_on(w.host)} for w in overview.workers]
     return render(request, "pipelines/cluster.html",
                   {"cluster": overview, "workers": workers, "cores": cores,
-                   "cores_source": source})
+                   "cores_source": source, "operator_packages": _operator_packages()})
 
 
 @login_required

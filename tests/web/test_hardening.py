@@ -112,7 +112,7 @@ BAD_DEFINITIONS = [
     # (definition, words in the field's error)
     (_dataflow(type="filter", where="(" * 300 + "price" + ")" * 300), "nested parentheses"),
     (_dataflow(type="filter", where="price < " + "+".join(["1"] * 990)), "nests deeper"),
-    (_dataflow(type="python", function=["bid_euro"]), "is not one of"),
+    (_dataflow(type="python", function=["bid_euro"]), "is not an installed operator"),
     (_dataflow(type="keyed_aggregate", key="auction", aggregates={"s": ["sum", ["price"]]}),
      "must be [function, column]"),
     (_dataflow(type="keyed_aggregate", key="auction", aggregates={"auction": ["count"]}),
