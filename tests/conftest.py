@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # a6fb6e8..4621a36: dbless ~1,100 s, database ~700 s without the closed loop; these
 # two files ~180 s).
 DATABASE_LANE_FILES = ("test_plan_spark.py", "test_elastic_spark.py",
-                       "test_jetstream_files_spark.py")
+                       "test_jetstream_files_spark.py", "test_packages_spark.py")
 
 
 def folder_marker(conftest_file: str, marker: str) -> Callable[[list[pytest.Item]], None]:
