@@ -192,3 +192,29 @@ def test_checkpoint_files_go_through_the_filesystem_api_unless_set_and_a_bad_nam
     classes = set(zipfile.ZipFile(jar).namelist())
     for name in session.CHECKPOINT_FILE_MANAGERS.values():
         assert name.replace(".", "/") + ".class" in classes, name
+
+
+def test_a_failing_operators_traceback_puts_the_users_frames_first() -> None:
+    """What a run page shows when a package's operator raised: the exception, then the
+    frames outside Streamwise and PySpark (innermost first), then Spark's account."""
+    from pipelines.runtime.runner.runner import query_failure
+
+    spark_says = (
+        "[PYTHON_EXCEPTION] An exception was thrown from the Python worker: Traceback "
+        "(most recent call last):\n"
+        '  File "/work/main/pipelines/runtime/operators/catalogue.py", line 330, in run_pe\n'
+        "    df = op.fn(df, step.params)\n"
+        '  File "/srv/team/orders_ops/__init__.py", line 40, in order_receipt\n'
+        "    digest = sign(key)\n"
+        '  File "/srv/team/orders_ops/crypto.py", line 7, in sign\n'
+        '    raise ValueError("customer 17 has no key")\n'
+        "ValueError: customer 17 has no key\n SQLSTATE: 38000\n=== Streaming Query ===\n")
+    text = query_failure(spark_says)
+    head = text.splitlines()
+    assert head[0] == "a Python operator raised ValueError: customer 17 has no key"
+    assert head[1] == "user code, innermost frame first:"
+    assert head[2].endswith("crypto.py\", line 7, in sign")
+    assert "orders_ops/__init__.py" in head[4] and "catalogue.py" not in "\n".join(head[:7])
+    assert text.endswith(spark_says)  # Spark's whole account after it
+    assert query_failure("Job aborted: executor lost") == \
+        "streaming query ended: Job aborted: executor lost"

@@ -68,6 +68,37 @@ from pipelines.runtime.query.session import (
 
 # What Spark's ``PythonWorkerFactory`` says when a Python worker it started did not
 # connect back within its 10 s (``Runner.restart_if_python_failed_to_start``).
+_PRODUCT_FRAMES = (f"{os.sep}pyspark{os.sep}", f"{os.sep}pyspark.zip{os.sep}",
+                   f"{os.sep}pipelines{os.sep}runtime{os.sep}")
+
+
+def query_failure(text: str) -> str:
+    """Why a streaming query ended, as the run page and the audit show it: where a
+    Python operator raised (a package's, or the product's), the exception and the
+    frames of the code outside Streamwise and PySpark first (what the operator's author
+    needs), then Spark's own account. Spark's simplified Python traceback is the part
+    between "Traceback (most recent call last):" and the exception's line."""
+    start = text.find("Traceback (most recent call last):")
+    if start < 0:
+        return f"streaming query ended: {text}"
+    lines = text[start:].splitlines()[1:]
+    frames: list[tuple[str, str]] = []
+    i = 0
+    while i < len(lines) and lines[i].startswith("  File "):
+        code = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") \
+            else ""
+        frames.append((lines[i].strip(), code))
+        i += 2 if code else 1
+    error = lines[i].strip() if i < len(lines) else "an exception"
+    user = [f for f in frames if not any(part in f[0] for part in _PRODUCT_FRAMES)]
+    shown = user or frames
+    where = "\n".join(f"  {frame}" + (f"\n    {code}" if code else "")
+                      for frame, code in reversed(shown))
+    whose = "user code" if user else "Streamwise's own code"
+    return (f"a Python operator raised {error}\n{whose}, innermost frame first:\n{where}"
+            f"\n\nstreaming query ended: {text}")
+
+
 PYTHON_START_FAILURES = ("Python worker failed to connect back",
                          "waiting for the Python worker to connect back")
 QUERY_START_RETRIES = 2
@@ -197,7 +228,7 @@ class Runner:
                 exc = self.query.exception()
                 if self.restart_if_python_failed_to_start(self.generation, exc):
                     continue
-                raise RuntimeError(f"streaming query ended: {exc}" if exc else
+                raise RuntimeError(query_failure(str(exc)) if exc else
                                    "streaming query ended without a stop request")
         self._shutdown()
 
