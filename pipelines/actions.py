@@ -235,6 +235,38 @@ def create_run(pipeline: Pipeline, policy: Policy, user: Any) -> Run:
     return run
 
 
+def restart_refusal(run: Run) -> str | None:
+    """Why this run cannot be restarted from its checkpoint, or None."""
+    from pathlib import Path
+
+    if run.status not in (RunStatus.FAILED, RunStatus.LOST):
+        return f"only a failed or lost run restarts from its checkpoint; this one is {run.status}"
+    run_dir = Path(run.checkpoint_dir) if run.checkpoint_dir else None
+    if run_dir is None or not (run_dir / "t0").exists() \
+            or not (run_dir / "checkpoint" / "offsets").exists():
+        return "it has no checkpoint to restart from (it failed before its query started)"
+    if (run_dir / "generations.json").exists():
+        return ("it was re-planned: its output is spread over several generations' "
+                "checkpoints, which a restart does not resume yet")
+    return None
+
+
+def restart_run(run: Run, user: Any) -> tuple[bool, str]:
+    """Start a failed or lost run's runner again on its checkpoint and clock (after its
+    operator package was fixed, a worker came back, ...): Spark replays the batch it had
+    not committed and the sinks' ledgers write each batch once."""
+    why = restart_refusal(run)
+    if why is not None:
+        return False, why
+    if not transition(run, RunStatus.PENDING, actor_for(user),
+                      "restart from checkpoint requested", ended_at=None):
+        return False, f"run {run.pk} is {run.status} now"
+    record_event(run, EventKind.RESTART_REQUESTED, actor_for(user),
+                 f"restart from the checkpoint in {run.checkpoint_dir}")
+    transaction.on_commit(lambda: enqueue(Task.START_RUN, run.pk, actor_for(user)))
+    return True, f"Run {run.pk} restarts from its checkpoint."
+
+
 def request_stop(run: Run, user: Any) -> None:
     record_event(run, EventKind.STOP_REQUESTED, actor_for(user))
     transaction.on_commit(lambda: enqueue(Task.STOP_RUN, run.pk, actor_for(user)))

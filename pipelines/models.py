@@ -86,6 +86,10 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     RunStatus.STALLED: (RunStatus.RUNNING, RunStatus.STOPPING, RunStatus.STOPPED,
                         RunStatus.FAILED, RunStatus.LOST),
     RunStatus.STOPPING: (RunStatus.STOPPED, RunStatus.FAILED, RunStatus.LOST),
+    # Restart from checkpoint (actions.restart_run): a failed or lost run's runner starts
+    # again on its own checkpoint and clock.
+    RunStatus.FAILED: (RunStatus.PENDING,),
+    RunStatus.LOST: (RunStatus.PENDING,),
 }
 
 
@@ -224,6 +228,7 @@ class EventKind(enum.StrEnum):
     DRY_RUN_ON = "dry_run_on"
     DRY_RUN_OFF = "dry_run_off"
     POLICY_SWITCHED = "policy_switched"
+    RESTART_REQUESTED = "restart_requested"
 
     @staticmethod
     def status(to: str) -> str:

@@ -58,6 +58,9 @@ def start_run(run_id: int, actor: str = "system") -> str:
             # (runner.json is private: 0600, launch.write_runner_config)
             "connections": connections.resolve(run.pipeline_version.definition),
         }
+        t0_file = checkpoint_dir / "t0"
+        if t0_file.exists():  # a restart from checkpoint: its records' clock
+            config["t0"] = float(json.loads(t0_file.read_text())["t0"])
         bus = launch.run_bus(run)
         bus.reset()
         bus.mark_live()

@@ -15,6 +15,7 @@ urlpatterns = [
     path("runs/start/", views.run_start, name="run-start"),
     path("runs/<int:pk>/", views.run_detail, name="run-detail"),
     path("runs/<int:pk>/stop/", views.run_stop, name="run-stop"),
+    path("runs/<int:pk>/restart/", views.run_restart, name="run-restart"),
     path("runs/<int:pk>/workers/", views.run_workers, name="run-workers"),
     path("runs/<int:pk>/rebalance/", views.run_rebalance, name="run-rebalance"),
     path("runs/<int:pk>/frequency/", views.run_frequency, name="run-frequency"),

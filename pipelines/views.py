@@ -224,6 +224,16 @@ def run_stop(request: HttpRequest, pk: int) -> HttpResponse:
     return redirect("run-detail", pk=run.pk)
 
 
+@run_command
+def run_restart(request: HttpRequest, pk: int) -> HttpResponse:
+    """Restart a failed or lost run from its checkpoint (audited)."""
+    run = get_object_or_404(Run, pk=pk)
+    ok, message = actions.restart_run(run, request.user)
+    (messages.success if ok else messages.error)(
+        request, message if ok else f"Run {run.pk} cannot restart: {message}.")
+    return redirect("run-detail", pk=run.pk)
+
+
 def _form_errors(form: Any) -> str:
     return "; ".join(f"{name}: {' '.join(errs)}" for name, errs in form.errors.items())
 

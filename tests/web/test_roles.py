@@ -79,6 +79,7 @@ def _pages(w: dict[str, Any]) -> list[tuple[str, str, dict[str, int]]]:
         ("get", "/policies/new/", operate), ("get", f"/policies/{pol}/edit/", operate),
         ("get", "/lab/new/", operate), ("get", "/audit/", operate),
         ("post", "/runs/start/", post), ("post", f"/runs/{r}/stop/", post),
+        ("post", f"/runs/{r}/restart/", post),  # (refused with a message: not failed)
         ("post", f"/runs/{r}/workers/", post), ("post", f"/runs/{r}/rebalance/", post),
         ("post", f"/runs/{r}/frequency/", post), ("post", f"/runs/{r}/move-groups/", post),
         ("post", f"/runs/{r}/dry-run/", post), ("post", f"/lab/{lab}/policy/", post),
