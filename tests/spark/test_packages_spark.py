@@ -76,3 +76,99 @@ def test_a_packages_operators_are_profiled_planned_by_cola_and_applied_live(
     report = verify.verify_run_dir(run.work)
     assert report.ok, report.line()
     assert report.records > 0 and report.output_rows == report.records
+
+
+FLAKY_PYPROJECT = """[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "streamwise-test-flaky-ops"
+version = "0.1.0"
+
+[project.entry-points."streamwise.operators"]
+flaky = "flaky_ops:OPERATORS"
+
+[tool.setuptools]
+packages = ["flaky_ops"]
+"""
+
+FLAKY_MODULE = '''"""An operator package with a bug (the test fixes it in place: an editable install)."""
+import numpy as np
+
+from pipelines.runtime.operators.base import PyOperator
+
+
+def check_order(df, _p):
+    """Flags large orders."""
+    if BROKEN and bool((df["seq"] >= 6000).any()):
+        raise ValueError("order %d has no customer" % int(df["seq"].max()))
+    return df.assign(large=(df["value"].to_numpy(np.float64) > 900).astype(np.int64))
+
+
+BROKEN = {broken}
+OPERATORS = [PyOperator("check_order", ("seq", "value"), {{"large": "long"}}, check_order)]
+'''
+
+
+def test_an_operator_that_raises_fails_the_run_with_its_frames_and_the_fixed_package_resumes(
+        tmp_path: Path, spark_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A package's operator raises mid-run: the run fails with the exception and the
+    package's frames first; the package is fixed in place (an editable install, as an
+    admin would reinstall it); the run restarts from its checkpoint and clock (the
+    restart action's runner config) and the verifier finds every record once."""
+    import subprocess
+    import sys
+
+    from pipelines.runtime.operators import packages
+    from pipelines.runtime.runner.harness import HarnessError
+
+    pkg = tmp_path / "flaky-ops"
+    (pkg / "flaky_ops").mkdir(parents=True)
+    (pkg / "pyproject.toml").write_text(FLAKY_PYPROJECT)
+    module = pkg / "flaky_ops" / "__init__.py"
+    module.write_text(FLAKY_MODULE.format(broken=True))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-e", str(pkg)],
+                   check=True, timeout=300, capture_output=True)
+    sys.path.insert(0, str(pkg))  # (this process started before the install)
+    packages.reload()
+    # Runners started after the install, as after an admin's install and restart: the
+    # session's warm standbys started before it and would not see the package.
+    monkeypatch.setattr(RunnerProcess, "pool", None)
+    try:
+        doc = {"nodes": [
+            {"id": "orders", "type": "generator", "seed": 9, "partitions": 2,
+             "rate": {"kind": "constant", "records_per_s": 500},
+             "keys": {"kind": "zipf", "n": 100, "s": 1.1}},
+            {"id": "check", "type": "python", "input": "orders", "function": "check_order"},
+            {"id": "out", "type": "sink", "input": "check", "keep_output": True}],
+            "trigger_ms": 1000}
+        redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")
+        work = tmp_path / "run"
+        first = RunnerProcess(work, spark_cluster.master_url, doc, redis_url, token="tflaky",
+                              max_workers=1, initial_workers=1)
+        with first:
+            with pytest.raises(HarnessError):
+                first.wait_batches(60, timeout_s=300)
+        reason = next(e["reason"] for e in first.events if e["type"] == "failed")
+        t0 = first.t0
+        lines = reason.splitlines()
+        assert lines[0].startswith("RuntimeError: a Python operator raised ValueError: "
+                                   "order "), lines[:3]
+        assert lines[1] == "user code, innermost frame first:"
+        assert "flaky_ops" in lines[2] and "in check_order" in lines[2], lines[:4]
+        committed = len([m for m in first.metrics if m.get("input_rows")])
+        assert committed >= 3  # it failed mid-run, with batches behind it
+        module.write_text(FLAKY_MODULE.format(broken=False))  # the fixed package
+        again = RunnerProcess(work, spark_cluster.master_url, doc, redis_url,
+                              token="tflaky2", max_workers=1, initial_workers=1, t0=t0)
+        with again:
+            again.wait_batches(4)
+        report = verify.verify_run_dir(work)
+        assert report.ok, report.line()
+        assert report.records > 6000 and report.output_rows == report.records
+    finally:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-y", "-q",
+                        "streamwise-test-flaky-ops"], timeout=120, capture_output=True)
+        sys.path.remove(str(pkg))
+        packages.reload()

@@ -78,17 +78,22 @@ def query_failure(text: str) -> str:
     frames of the code outside Streamwise and PySpark first (what the operator's author
     needs), then Spark's own account. Spark's simplified Python traceback is the part
     between "Traceback (most recent call last):" and the exception's line."""
-    start = text.find("Traceback (most recent call last):")
+    # The last traceback is the innermost: a batch's sink (foreachBatch, in the
+    # driver) reports the Python worker's traceback after its own.
+    start = text.rfind("Traceback (most recent call last):")
     if start < 0:
         return f"streaming query ended: {text}"
     lines = text[start:].splitlines()[1:]
     frames: list[tuple[str, str]] = []
     i = 0
     while i < len(lines) and lines[i].startswith("  File "):
-        code = lines[i + 1].strip() if i + 1 < len(lines) and lines[i + 1].startswith("    ") \
-            else ""
-        frames.append((lines[i].strip(), code))
-        i += 2 if code else 1
+        frame, code = lines[i].strip(), ""
+        i += 1
+        while i < len(lines) and lines[i].startswith("    "):
+            if not code and lines[i].strip().strip("^~ "):  # (not 3.11's carets)
+                code = lines[i].strip()
+            i += 1
+        frames.append((frame, code))
     error = lines[i].strip() if i < len(lines) else "an exception"
     user = [f for f in frames if not any(part in f[0] for part in _PRODUCT_FRAMES)]
     shown = user or frames
