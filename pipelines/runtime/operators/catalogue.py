@@ -1,12 +1,12 @@
 """Python operators: named pandas functions a dataflow pipeline chains (node type
 ``python``), and the processing elements (PEs) that run them in Spark.
 
-A definition cannot carry code, so a ``python`` node names an installed operator (this
-catalogue's, or an operator package's: ``packages.py``) (``{"id": "fit", "type": "python", "input": "bucket", "function":
-"quote_fit", "params": {"ticks": 192}}``). Every operator is row-wise and
-deterministic: its new columns depend only on the row, so a pipeline's output does not
-depend on how its operators are grouped or partitioned — the property that lets a plan
-change live (``replan.py``) under the exactly-once verifier. Each operator keeps its
+A definition cannot carry code, so a ``python`` node names an installed operator, this
+catalogue's or an operator package's (``packages.py``): ``{"id": "fit", "type":
+"python", "input": "bucket", "function": "quote_fit", "params": {"ticks": 192}}``. Every
+operator is row-wise and deterministic: its new columns depend only on the row, so a
+pipeline's output does not depend on how its operators are grouped or partitioned — the
+property that lets a plan change live (``replan.py``) under the exactly-once verifier. Each operator keeps its
 input columns and appends (or replaces) the columns it declares, in the frame it is
 given (no copy of the batch per operator; a caller that needs its input keeps a copy).
 

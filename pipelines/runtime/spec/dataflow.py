@@ -728,6 +728,7 @@ def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[st
     """An installed Python operator (the product's catalogue or an operator package's,
     ``operators/packages.py``), by name, with its integer parameters; it keeps its
     input's columns and appends its own."""
+    from pipelines.runtime.operators import catalogue as pyops
     from pipelines.runtime.operators import packages
 
     _allowed(doc, path, {"id", "type", "input", "function", "params"})
@@ -750,7 +751,7 @@ def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[st
     _allowed(raw, f"{path}.params", set(op.params))
     params = {k: _int(raw, k, f"{path}.params", lo, hi, default)
               for k, (default, lo, hi) in op.params.items()}
-    return {"function": name, "params": params}, {**src, **op.adds}
+    return {"function": name, "params": params}, pyops.output_columns(op, src)
 
 
 BUILDERS: dict[str, NodeBuilder] = {
