@@ -6,9 +6,10 @@ catalogue's or an operator package's (``packages.py``): ``{"id": "fit", "type":
 "python", "input": "bucket", "function": "quote_fit", "params": {"ticks": 192}}``. Every
 operator is row-wise and deterministic: its new columns depend only on the row, so a
 pipeline's output does not depend on how its operators are grouped or partitioned — the
-property that lets a plan change live (``replan.py``) under the exactly-once verifier. Each operator keeps its
-input columns and appends (or replaces) the columns it declares, in the frame it is
-given (no copy of the batch per operator; a caller that needs its input keeps a copy).
+property that lets a plan change live (``replan.py``) under the exactly-once verifier.
+Each operator keeps its input columns and appends (or replaces) the columns it declares,
+in the frame it is given (no copy of the batch per operator; a caller that needs its
+input keeps a copy).
 
 A **processing element** (COLA, Khandekar et al. §2.1) is a chain of these operators run
 in one JVM↔Python crossing: one ``mapInPandas`` whose function calls them in turn

@@ -19,6 +19,7 @@ from typing import Any
 from pipelines.runtime import connectors
 from pipelines.runtime.elastic import migration as elastic
 from pipelines.runtime.elastic import placement
+from pipelines.runtime.host import secretfile
 from pipelines.runtime.bus import RunnerEvent
 from pipelines.runtime.query.session import PROJECT_ROOT
 from pipelines.runtime.replan import gloss as replan
@@ -275,10 +276,7 @@ class ReplanHandover:
         # The connections the transfer's source reads through (their passwords too):
         # the job file is the runner's own, as runner.json is (0600).
         job["connections"] = dict(connectors.CONNECTIONS)
-        job_file = gdir / "reseed-job.json"
-        job_file.touch(mode=0o600)
-        job_file.chmod(0o600)
-        job_file.write_text(json.dumps(job))
+        secretfile.write_private(gdir / "reseed-job.json", json.dumps(job))
         try:
             return self._reseed_once(gdir, old, reseed.IDLE, gated)
         except _TransferFailed as exc:  # not a timeout: that one had been raised already

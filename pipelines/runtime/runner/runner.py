@@ -66,8 +66,7 @@ from pipelines.runtime.query.session import (
 # PySpark (and the modules that import it) are imported lazily: the first heartbeat
 # must not wait for seconds of imports on a loaded machine.
 
-# What Spark's ``PythonWorkerFactory`` says when a Python worker it started did not
-# connect back within its 10 s (``Runner.restart_if_python_failed_to_start``).
+# Where a traceback's frames are Streamwise's or PySpark's, not an operator author's.
 _PRODUCT_FRAMES = (f"{os.sep}pyspark{os.sep}", f"{os.sep}pyspark.zip{os.sep}",
                    f"{os.sep}pipelines{os.sep}runtime{os.sep}")
 
@@ -104,6 +103,8 @@ def query_failure(text: str) -> str:
             f"\n\nstreaming query ended: {text}")
 
 
+# What Spark's ``PythonWorkerFactory`` says when a Python worker it started did not
+# connect back within its 10 s (``Runner.restart_if_python_failed_to_start``).
 PYTHON_START_FAILURES = ("Python worker failed to connect back",
                          "waiting for the Python worker to connect back")
 QUERY_START_RETRIES = 2
