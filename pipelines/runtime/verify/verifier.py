@@ -385,7 +385,7 @@ def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
             df = dataflow_pandas.keep(df, condition)
         elif node.type == "python":
             df = packages.operator(node.params["function"]).fn(df.copy(),
-                                                              node.params["params"])
+                                                               node.params["params"])
         frames[node.id] = df
     return frames
 
@@ -475,26 +475,32 @@ def _verify_running_means(events: list[dict[str, Any]], watermark: int,
                            f"{n} winners closed behind the watermark")
 
 
+def _read_source(spec: definition.PipelineSpec, start: int, end: int) -> tuple[Any, Any]:
+    """A broker or folder source and its records of offsets ``[start, end)``, read
+    again (parsed, dead letters left out as the source leaves them out)."""
+    from pipelines.runtime.connectors import files
+    from pipelines.runtime.connectors import jetstream as jsc
+    from pipelines.runtime.connectors import redis_stream as rs
+
+    if spec.source_type == "redis_stream":
+        source: Any = rs.stream_source(spec)
+        return source, rs.read_range(source, start, end)
+    if spec.source_type == "files":
+        source = files.files_source(spec)
+        return source, files.read_range(source, start, end)
+    source = jsc.stream_source(spec)
+    return source, jsc.read_range(source, start, end)
+
+
 def _records(spec: definition.PipelineSpec, t0: float, start: int, end: int,
              schedule: workload.RateSchedule, keys: workload.KeyDistribution) -> pd.DataFrame:
     """The records of offsets ``[start, end)`` after the stateless steps: generated again,
     or read again from the broker (the entries the batch read; dead letters left out
     as the source leaves them out)."""
     if spec.source_type in definition.BROKER_SOURCES:
-        from pipelines.runtime.connectors import jetstream as jsc
         from pipelines.runtime.connectors import redis_stream as rs
 
-        if spec.source_type == "redis_stream":
-            source = rs.stream_source(spec)
-            parsed: Any = rs.read_range(source, start, end)
-        elif spec.source_type == "files":
-            from pipelines.runtime.connectors import files
-
-            source = files.files_source(spec)
-            parsed = files.read_range(source, start, end)
-        else:
-            source = jsc.stream_source(spec)
-            parsed = jsc.read_range(source, start, end)
+        source, parsed = _read_source(spec, start, end)
         cols = rs.as_arrays(parsed, source.fields)
         recs = workload.Records(seq=cols["seq"], key=cols["key"], value=cols["value"],
                                 emit_ts=cols["emit_ts"])
@@ -651,14 +657,8 @@ def _stream_events(spec: definition.PipelineSpec, end: int) -> list[dict[str, An
     the stream's order, as the generator makes them (a field an event lacks absent):
     what the run's batches read, dead letters left out as the source leaves them."""
     from pipelines.runtime import connectors
-    from pipelines.runtime.connectors import jetstream as jsc
-    from pipelines.runtime.connectors import redis_stream as rs
 
-    start = connectors.start_offset(spec)
-    if spec.source_type == "redis_stream":
-        parsed: Any = rs.read_range(rs.stream_source(spec), start, end)
-    else:
-        parsed = jsc.read_range(jsc.stream_source(spec), start, end)
+    _source, parsed = _read_source(spec, connectors.start_offset(spec), end)
     names = list(parsed.columns)
     return [{n: v for n, v in zip(names, values) if v is not None}
             for values in zip(*(parsed.columns[n] for n in names))]
