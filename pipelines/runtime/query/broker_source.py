@@ -105,6 +105,7 @@ class RedisStreamReader(BrokerStreamReader):
     def __init__(self, options: dict[str, str]) -> None:
         super().__init__(options)
         self.source = rs.stream_source(self.spec)
+        self._planned_end: int | None = None  # the last batch end latestOffset planned
 
     def _redis(self) -> Any:
         return rs.connection(self.source.url)
@@ -128,9 +129,8 @@ class RedisStreamReader(BrokerStreamReader):
         report: dict[str, Any] = {"offset": latest}
         if added is not None:
             report["entries_added"] = added
-        planned = getattr(self, "_planned_end", None)
-        if planned is not None and latest >= planned:
-            report["behind_s"] = rs.emit_seconds(latest) - rs.emit_seconds(planned)
+        if self._planned_end is not None and latest >= self._planned_end:
+            report["behind_s"] = rs.emit_seconds(latest) - rs.emit_seconds(self._planned_end)
         return report
 
     def _batches(self, start: int, end: int) -> Iterator[Any]:

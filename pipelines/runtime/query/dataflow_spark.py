@@ -41,12 +41,7 @@ from pyspark.sql import functions as F
 
 from pipelines.runtime.spec import dataflow
 from pipelines.runtime.spec import definition
-from pipelines.runtime.query.source import (
-    GeneratorDataSource,
-    data_source_for,
-    observe_latency,
-    read_stream,
-)
+from pipelines.runtime.query.source import data_source_for, observe_latency, read_stream
 
 # A zero divisor gives null (try_divide, try_mod): under ANSI mode a / 0 would fail
 # the whole query on one record.
@@ -116,23 +111,14 @@ def _window_start_ms(window: Column) -> Column:
 def _source(spark: SparkSession, spec: definition.PipelineSpec, t0: float,
             plan_dir: Path, start: int = 0, first_ends: tuple[int, ...] = (),
             gate: Path | None = None) -> DataFrame:
-    if spec.source_type == "nexmark":
-        from pipelines.runtime.query.nexmark_source import NexmarkDataSource
-
-        df = read_stream(spark, NexmarkDataSource, spec, t0, plan_dir, start,
-                         first_ends=first_ends, gate=gate)
-    elif spec.source_type in dataflow.BROKER_SOURCE_TYPES:
-        df = read_stream(spark, data_source_for(spec.source_type), spec, t0, plan_dir,
-                         start, first_ends=first_ends, gate=gate)
-        # A NEXMark event's time is its dateTime (as the generated events'); other
-        # records' is the broker's timestamp.
+    df = read_stream(spark, data_source_for(spec.source_type), spec, t0, plan_dir, start,
+                     first_ends=first_ends, gate=gate)
+    if spec.source_type != "nexmark":  # (generated NEXMark events carry their own)
+        # A NEXMark event's time is its dateTime, as the generated events'; other
+        # records' is their emission time (the schedule's, or the broker's timestamp).
         df = df.withColumn("event_time", F.timestamp_millis("dateTime")
                            if definition.nexmark_events(spec)
                            else F.timestamp_seconds("emit_ts"))
-    else:
-        df = (read_stream(spark, GeneratorDataSource, spec, t0, plan_dir, start,
-                          first_ends=first_ends, gate=gate)
-              .withColumn("event_time", F.timestamp_seconds("emit_ts")))
     return observe_latency(df)
 
 
