@@ -145,8 +145,6 @@ def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
     except FileNotFoundError:
         if not create:
             return spec
-        access = source_access(spec)
-        assert access is not None  # (a latest start is a broker's)
         pinned: dict[str, Any] = {"pinned_at": time.time()}
         if spec.source_type == "redis_stream":
             # With the entries the stream was given by then: how many of the run's
@@ -157,6 +155,8 @@ def pin_start(spec: definition.PipelineSpec, run_dir: Path, create: bool = True
             offset, pinned["entries_added"] = rs.arrivals(rs.connection(rsource.url),
                                                           rsource.stream)
         else:
+            access = source_access(spec)
+            assert access is not None  # (a latest start is a broker's)
             offset = access.end_offset()
         run_dir.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -184,11 +184,8 @@ def trimmed_from_run(spec: definition.PipelineSpec, run_dir: Path) -> int:
     from pipelines.runtime.connectors import redis_stream as rs
 
     rsource = rs.stream_source(spec)
-    r = rs.connection(rsource.url)
-    _end, added = rs.arrivals(r, rsource.stream)
-    if added is None:
-        return 0
-    return max(0, added - int(r.xlen(rsource.stream)) - int(before))
+    gone = rs.trimmed(rs.connection(rsource.url), rsource.stream)
+    return 0 if gone is None else max(0, gone - int(before))
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,18 @@ def arrivals(r: redis.Redis, stream: str) -> tuple[int, int | None]:
             int(added) if added is not None else None)
 
 
+def trimmed(r: redis.Redis, stream: str) -> int | None:
+    """How many of the entries the stream was ever given it no longer holds (trimmed or
+    deleted), from one XINFO STREAM reply; None before Redis 7 (no ``entries-added``)."""
+    try:
+        info = r.xinfo_stream(stream)
+    except redis.ResponseError:  # no such stream
+        return 0
+    added = info.get("entries-added", info.get(b"entries-added"))
+    length = info.get("length", info.get(b"length"))
+    return None if added is None else int(added) - int(length)
+
+
 def first_offset(r: redis.Redis, stream: str) -> int | None:
     """The oldest entry's offset still in the stream (None when it is empty)."""
     oldest = r.xrange(stream, count=1)
