@@ -43,6 +43,10 @@ def named(doc: dict[str, Any]) -> list[tuple[str, str, str]]:
                 sections.append((f"{where}.to", node.get("to")))
             else:
                 sections.append((where, node))
+    elif isinstance(doc, dict) and "app" in doc:  # a pipeline module's: its sink's "to"
+        sink = doc.get("sink")
+        sections = [("source", doc.get("source")),
+                    ("sink.to", sink.get("to") if isinstance(sink, dict) else None)]
     elif isinstance(doc, dict):
         sections = [(part, doc.get(part)) for part in ("source", "sink")]
     out = []

@@ -78,8 +78,8 @@ def _section_values(fields: dict[str, str], data: dict) -> dict:
 def with_sections(doc: dict, data: dict) -> dict:
     """A chain definition with the form's source and sink sections written into it
     (a section left "as in the JSON" changes nothing)."""
-    if not isinstance(doc, dict) or "nodes" in doc:
-        return doc
+    if not isinstance(doc, dict) or "nodes" in doc or "app" in doc:
+        return doc  # (a dataflow's and a pipeline module's are in their JSON)
     out = dict(doc)
     kind = data.get("source_type")
     if kind:
@@ -127,7 +127,9 @@ class PipelineForm(forms.ModelForm):
                   "one keyed stateful operator (keyed_aggregate, or hft_window: the thesis' "
                   "HFT kernel), and the latency sink. Or a dataflow: \"nodes\", each with "
                   "an id and its input(s) — sources generator/nexmark, filter, project, "
-                  "keyed_aggregate, window_aggregate, window_top, join, one sink.")
+                  "keyed_aggregate, window_aggregate, window_top, join, one sink. Or a pipeline "
+                  "module of an installed package: {\"app\": \"package.module:function\", "
+                  "\"params\": {…}, \"source\": {…}, \"sink\": {…}}.")
 
     class Meta:
         model = Pipeline
@@ -140,7 +142,7 @@ class PipelineForm(forms.ModelForm):
         value = self.initial.get("definition")
         if isinstance(value, dict):
             self.initial["definition"] = json.dumps(value, indent=2)
-            if "nodes" not in value:
+            if "nodes" not in value and "app" not in value:
                 self._initial_sections(value)
 
     def _initial_sections(self, doc: dict) -> None:

@@ -32,8 +32,33 @@ from pipelines.runtime.spec.definition import DEMO_DEFINITION
 @login_required
 @permission_required("pipelines.view_pipeline", raise_exception=True)
 def pipeline_list(request: HttpRequest) -> HttpResponse:
+    pipelines = list(Pipeline.objects.all())
+    for p in pipelines:
+        p.limits = elastic_limits(p.definition)
     return render(request, "pipelines/pipeline_list.html", {
-        "pipelines": Pipeline.objects.all(), "policies": Policy.objects.all()})
+        "pipelines": pipelines, "policies": Policy.objects.all()})
+
+
+def elastic_limits(doc: Any) -> list[str]:
+    """What the elastic runtime cannot do for a pipeline, said before a run starts (the
+    pipeline list and form): no key groups to place, no live re-plan (and why), no
+    exactly-once check."""
+    from pipelines.runtime.replan import gloss as replan
+
+    try:
+        spec = pdef.validate(doc)
+    except pdef.DefinitionError as exc:
+        return [f"It does not validate any more: {exc}"]
+    out = []
+    if not spec.keyed_state:
+        out.append("No key groups: scaling adds executors to the source's tasks, there is "
+                   "no state to place or migrate.")
+    refusal = replan.replan_refusal(spec)
+    if refusal:
+        out.append(f"No live re-plan: {refusal}.")
+    if not spec.keep_output:
+        out.append("No exactly-once check: its sink keeps no output.")
+    return out
 
 
 def _operator_packages() -> list[dict[str, Any]]:
@@ -42,17 +67,30 @@ def _operator_packages() -> list[dict[str, Any]]:
     Cluster page's list (``operators/packages.py``)."""
     from pipelines.runtime.operators import packages
 
-    installed = packages.operators()
+    installed, modules = packages.operators(), packages.modules()
     out = []
     for package in packages.packages():
         ops = [installed[name] for name in package.operators]
         out.append({"package": package, "operators": [
             {"name": op.name, "needs": ", ".join(op.needs),
              "adds": ", ".join(f"{c} ({t})" for c, t in op.adds.items()),
-             "params": ", ".join(f"{k} = {d} ({lo}–{hi})" for k, (d, lo, hi)
-                                 in op.params.items()),
-             "doc": " ".join((op.doc or "").split())} for op in ops]})
+             "params": _params_text(op.params),
+             "doc": " ".join((op.doc or "").split())} for op in ops] + [
+            {"name": m.path, "module": True, "needs": ", ".join(m.needs),
+             "adds": ", ".join(f"{c} ({t})" for c, t in m.columns.items())
+             + (f"; one row per {', '.join(m.key)}, updated" if m.key else "; appended"),
+             "params": _params_text(m.params),
+             "state": ("keyed state, placed and migrated"
+                       + ("" if m.state_horizon_s is not None else "; no live re-plan "
+                          "(no state horizon declared)")) if m.stateful else "no state",
+             "doc": " ".join((m.doc or "").split())}
+            for m in (modules[path] for path in package.modules)]})
     return out
+
+
+def _params_text(params: dict[str, Any]) -> str:
+    return "; ".join(f"{k} = {p.describe()}" + (f": {p.doc}" if p.doc else "")
+                     for k, p in params.items())
 
 
 @login_required
@@ -79,6 +117,7 @@ def pipeline_edit(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "pipelines/pipeline_form.html",
                   {"form": form, "pipeline": pipeline, "creating": False,
                    "dag": _picture(pipeline.definition),
+                   "limits": elastic_limits(pipeline.definition),
                    "operator_packages": _operator_packages()})
 
 

@@ -238,6 +238,8 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
         elif node.type == "python":
             frames[node.id] = _processing_element(ins[0], node, graph, spec, plan_dir,
                                                   frames)
+        elif node.type == dataflow.APP_TYPE:
+            frames[node.id] = build_app(spark, ins[0], node, spec)
         else:
             frames[node.id] = COMPILERS[node.type](ins, node, inputs)
     out = frames[graph.sink.id]
@@ -245,12 +247,53 @@ def build_dataflow(spark: SparkSession, spec: definition.PipelineSpec, t0: float
     return out.drop(*hidden)
 
 
+class AppError(ValueError):
+    """A pipeline module's ``build`` returned something the run cannot sink."""
+
+
+def build_app(spark: SparkSession, df: DataFrame, node: dataflow.Node,
+              spec: definition.PipelineSpec) -> DataFrame:
+    """A pipeline module's output stream: its ``build(spark, source, ctx)`` over
+    ``df``, checked against the columns it declares and narrowed to them (in their
+    order, which the sink's table and the verifier read)."""
+    from pipelines.runtime.operators import packages
+    from pipelines.runtime.operators.base import BuildContext
+
+    module = packages.module(node.params["app"])
+    ctx = BuildContext(key_groups=spec.key_groups, params=dict(node.params["params"]),
+                       watermark_s=spec.watermark_s, trigger_ms=spec.trigger_ms)
+    out = module.fn(spark, df, ctx)
+    check_app_output(out, node.columns, module.path, streaming=True)
+    return out.select(*[F.col(c) for c in node.columns])
+
+
+def check_app_output(out: Any, columns: dataflow.Columns, path: str,
+                     streaming: bool) -> None:
+    """AppError unless ``out`` is a DataFrame (a streaming one for a run) carrying the
+    declared ``columns`` with their types."""
+    if not isinstance(out, DataFrame):
+        raise AppError(f"{path} returned {type(out).__name__}, not a DataFrame")
+    if streaming and not out.isStreaming:
+        raise AppError(f"{path} returned a batch DataFrame: build the result from the "
+                       "source stream it is given")
+    got = {f.name: f.dataType.simpleString() for f in out.schema.fields}
+    for name, kind in columns.items():
+        if name not in got:
+            raise AppError(f"{path} declares the output column {name!r} ({kind}), which "
+                           f"its DataFrame lacks (columns: {', '.join(got)})")
+        if got[name] != _SPARK_TYPES[kind]:
+            raise AppError(f"{path} declares {name!r} as {kind} ({_SPARK_TYPES[kind]}), "
+                           f"its DataFrame has {got[name]}: cast it, or declare the type")
+
+
 def _watermarked(node: dataflow.Node, ins: list[DataFrame], watermarked: set[str],
                  watermark_s: int) -> list[DataFrame]:
     """A stateful operator's raw inputs get their watermark here, behind every filter and
     re-stamp of their branch: Spark refuses a watermark defined below another one, and
     keeps the minimum of a query's watermarks. ``watermarked`` learns ``node``."""
-    if node.stateful:
+    if node.stateful and node.type != dataflow.APP_TYPE:
+        # (a pipeline module sets its own watermark: Spark refuses a second one on the
+        # same stream)
         ins = [df_ if node_id in watermarked else
                df_.withWatermark("event_time", f"{watermark_s} seconds")
                for node_id, df_ in zip(node.inputs, ins, strict=True)]

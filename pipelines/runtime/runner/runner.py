@@ -71,7 +71,8 @@ _PRODUCT_FRAMES = (f"{os.sep}pyspark{os.sep}", f"{os.sep}pyspark.zip{os.sep}",
                    f"{os.sep}pipelines{os.sep}runtime{os.sep}")
 
 
-def query_failure(text: str) -> str:
+def query_failure(text: str, who: str = "a Python operator",
+                  ended: str = "streaming query ended") -> str:
     """Why a streaming query ended, as the run page and the audit show it: where a
     Python operator raised (a package's, or the product's), the exception and the
     frames of the code outside Streamwise and PySpark first (what the operator's author
@@ -81,7 +82,7 @@ def query_failure(text: str) -> str:
     # driver) reports the Python worker's traceback after its own.
     start = text.rfind("Traceback (most recent call last):")
     if start < 0:
-        return f"streaming query ended: {text}"
+        return f"{ended}: {text}"
     lines = text[start:].splitlines()[1:]
     frames: list[tuple[str, str]] = []
     i = 0
@@ -99,8 +100,28 @@ def query_failure(text: str) -> str:
     where = "\n".join(f"  {frame}" + (f"\n    {code}" if code else "")
                       for frame, code in reversed(shown))
     whose = "user code" if user else "Streamwise's own code"
-    return (f"a Python operator raised {error}\n{whose}, innermost frame first:\n{where}"
-            f"\n\nstreaming query ended: {text}")
+    return (f"{who} raised {error}\n{whose}, innermost frame first:\n{where}"
+            f"\n\n{ended}: {text}")
+
+
+def start_failure(exc: BaseException) -> str:
+    """Why a run could not build or start its query: where user code (a pipeline
+    module's ``build``) raised, the exception and the user code's frames, innermost
+    first; otherwise the exception's own line."""
+    import sysconfig
+
+    library = (sysconfig.get_paths()["stdlib"], *(f"{os.sep}{name}{os.sep}" for name in (
+        "pyspark", "py4j", "pandas", "numpy", "pyarrow", "redis", "nats")))
+    frames = traceback.extract_tb(exc.__traceback__)
+    user = [f for f in frames if not any(part in f.filename for part in _PRODUCT_FRAMES)
+            and not f.filename.startswith(library[0]) and not any(
+                part in f.filename for part in library[1:])]
+    error = "".join(traceback.format_exception_only(exc)).strip()
+    if not user:
+        return error
+    where = "\n".join(f'  File "{f.filename}", line {f.lineno}, in {f.name}'
+                      + (f"\n    {f.line}" if f.line else "") for f in reversed(user))
+    return f"user code raised {error}\nuser code, innermost frame first:\n{where}"
 
 
 # What Spark's ``PythonWorkerFactory`` says when a Python worker it started did not
@@ -630,7 +651,7 @@ def _run_one(config_path: str, session: Any, standby_id: str | None,
     except BaseException as exc:
         traceback.print_exc()
         runner.end_heartbeat()
-        runner_bus.publish_event(RunnerEvent.FAILED, reason=f"{type(exc).__name__}: {exc}"[:2000])
+        runner_bus.publish_event(RunnerEvent.FAILED, reason=start_failure(exc)[:2000])
         if runner.spark is not None:
             try:
                 runner.spark.stop()

@@ -46,14 +46,17 @@ import ast
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 SOURCE_TYPES = ("generator", "nexmark", "redis_stream", "jetstream")
 BROKER_SOURCE_TYPES = ("redis_stream", "jetstream")
 STATELESS_TYPES = ("filter", "project", "python")
 STATEFUL_TYPES = ("keyed_aggregate", "window_aggregate", "window_top", "join", "moving_mean")
-NODE_TYPES = SOURCE_TYPES + STATELESS_TYPES + STATEFUL_TYPES + ("sink",)
+# A pipeline module (the user's own code, ``operators/base.py``): stateful or not as it
+# declares.
+APP_TYPE = "app"
+NODE_TYPES = SOURCE_TYPES + STATELESS_TYPES + STATEFUL_TYPES + (APP_TYPE, "sink")
 AGGREGATES = ("count", "sum", "min", "max", "mean", "max_by")
 WINDOW_KINDS = ("tumbling", "sliding", "session")
 MAX_NODES = 64
@@ -119,7 +122,8 @@ class Node:
 
     @property
     def stateful(self) -> bool:
-        return self.type in STATEFUL_TYPES
+        return self.type in STATEFUL_TYPES or (self.type == APP_TYPE
+                                               and bool(self.params.get("stateful")))
 
 
 @dataclass(frozen=True)
@@ -143,7 +147,8 @@ class Graph:
 
     @property
     def output_mode(self) -> str:
-        return "update" if any(n.type == "keyed_aggregate" for n in self.nodes) else "append"
+        return "update" if any(n.type == "keyed_aggregate" or n.params.get("key")
+                               and n.type == APP_TYPE for n in self.nodes) else "append"
 
     def edges(self) -> list[tuple[str, str]]:
         return [(i, n.id) for n in self.nodes for i in n.inputs]
@@ -175,6 +180,12 @@ class Graph:
                 continue
             if node.type in ("keyed_aggregate", "moving_mean"):
                 return None, f"{node.id} ({node.type}) keeps state for all time"
+            if node.type == APP_TYPE:
+                if p.get("state_horizon_s") is None:
+                    return None, (f"{node.id} ({p['app']}) declares no state horizon (how "
+                                  "far back in event time its state reaches)")
+                total += p["state_horizon_s"]
+                continue
             if "within" in p:
                 total += abs(p["within"]["upper_s"]) + abs(p["within"]["lower_s"])
             elif "window" in p:
@@ -747,15 +758,51 @@ def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[st
     if "window" in src:
         raise GraphError(f"{path}.input", "a Python operator takes rows, not a window's "
                                           "results")
-    raw = _obj(doc.get("params", {}), f"{path}.params")
-    _allowed(raw, f"{path}.params", set(op.params))
-    params = {k: _int(raw, k, f"{path}.params", lo, hi, default)
-              for k, (default, lo, hi) in op.params.items()}
+    params = _params(op.params, doc.get("params", {}), f"{path}.params")
     return {"function": name, "params": params}, pyops.output_columns(op, src)
 
 
+def _params(declared: dict[str, Any], given: Any, path: str) -> dict[str, Any]:
+    from pipelines.runtime.operators.base import ParamError, resolve_params
+
+    try:
+        return resolve_params(declared, given)
+    except ParamError as exc:
+        raise GraphError(f"{path}.{exc.field}" if exc.field else path, exc.message) from None
+
+
+def _app(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
+    """A pipeline module of an installed package (``operators/base.py``
+    ``PipelineModule``), by path, with its parameters: it reads its input's stream and
+    returns the rows of its declared columns."""
+    from pipelines.runtime.operators import packages
+
+    _allowed(doc, path, {"id", "type", "input", "app", "params"})
+    name = doc.get("app")
+    installed = packages.modules()
+    if not isinstance(name, str) or name not in installed:
+        listed = ", ".join(installed) or "none; a package declares them in the entry " \
+                                         "point group streamwise.pipelines"
+        raise GraphError(f"{path}.app", f"{json.dumps(name)} is not an installed pipeline "
+                                        f"module (installed: {listed})")
+    module = installed[name]
+    src = inputs[0].columns
+    missing = [c for c in module.needs if c not in src]
+    if missing:
+        raise GraphError(f"{path}.input", f"{name} reads {', '.join(missing)}, which "
+                                          f"{inputs[0].id} does not carry (columns: "
+                                          f"{', '.join(sorted(src))})")
+    if "window" in src:
+        raise GraphError(f"{path}.input", "a pipeline module reads records, not a "
+                                          "window's results")
+    params = _params(module.params, doc.get("params", {}), f"{path}.params")
+    return ({"app": name, "params": params, "key": list(module.key),
+             "stateful": module.stateful, "state_horizon_s": module.state_horizon_s},
+            dict(module.columns))
+
+
 BUILDERS: dict[str, NodeBuilder] = {
-    "python": _python,
+    "python": _python, "app": _app,
     "filter": _filter, "project": _project, "keyed_aggregate": _keyed_aggregate,
     "window_aggregate": _window_aggregate, "window_top": _window_top, "join": _join,
     "moving_mean": _moving_mean, "sink": _sink,
@@ -865,7 +912,21 @@ def _check_spark_shapes(graph: Graph) -> None:
                     raise GraphError(f"{node.path}.event_time", "re-stamps the event time "
                                      f"below the stateful {upstream.id}: Spark keeps the "
                                      "watermark an operator's results carry")
-    keyed = [n for n in graph.stateful if n.type == "keyed_aggregate"]
+    apps = [n for n in graph.nodes if n.type == APP_TYPE]
+    if len(apps) > 1:
+        raise GraphError(f"{apps[1].path}.type", "a pipeline holds one pipeline module")
+    for app in apps:
+        readers = [n for n in graph.nodes if app.id in n.inputs]
+        if any(r.type != "sink" for r in readers):
+            raise GraphError(f"{readers[0].path}.input", f"reads the pipeline module "
+                             f"{app.id}: a module's output goes to the sink")
+        stateful_above = [a for a in graph.ancestors(app.id) if a.stateful]
+        if stateful_above:
+            raise GraphError(f"{app.path}.input", f"reads {stateful_above[0].id}'s "
+                             "results: a pipeline module reads records (filters and "
+                             "Python operators may come first)")
+    keyed = [n for n in graph.stateful if n.type == "keyed_aggregate"
+             or (n.type == APP_TYPE and n.params.get("key"))]
     if keyed and len(graph.stateful) > 1:
         raise GraphError(f"{keyed[0].path}.type", "a keyed_aggregate without a window runs "
                          "in update mode, and Spark runs several stateful operators in one "
@@ -927,6 +988,8 @@ def node_label(node_type: str, params: dict[str, Any]) -> str:
         text = f"by {', '.join(params.get('key', []))}"
     elif node_type == "python":
         text = str(params.get("function", ""))
+    elif node_type == APP_TYPE:
+        text = str(params.get("app", "")).rpartition(":")[2]
     elif node_type == "moving_mean":
         text = f"last {params.get('last')} {params.get('value')} by {', '.join(params.get('key', []))}"
     elif node_type in SOURCE_TYPES:
@@ -961,8 +1024,11 @@ def picture(nodes: list[tuple[str, str, str, tuple[str, ...]]]) -> Picture:
 
 
 def graph_picture(graph: Graph) -> Picture:
-    return picture([(n.id, n.type, node_label(n.type, n.params), n.inputs)
-                    for n in graph.nodes])
+    drawn = picture([(n.id, n.type, node_label(n.type, n.params), n.inputs)
+                     for n in graph.nodes])
+    stateful = {n.id for n in graph.stateful}  # (a pipeline module's, as it declares)
+    return replace(drawn, nodes=tuple(replace(p, stateful=p.id in stateful)
+                                      for p in drawn.nodes))
 
 
 # ------------------------------------------------------------ processing elements

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from control import jsonio
@@ -179,7 +179,8 @@ class PipelineSpec:
             return ()
         if self.graph is None:
             return ("key",)
-        node = next(n for n in self.graph.nodes if n.type == "keyed_aggregate")
+        node = next(n for n in self.graph.nodes if n.type == "keyed_aggregate"
+                    or (n.type == dataflow.APP_TYPE and n.params.get("key")))
         return tuple(node.params["key"])
 
     def schedule(self) -> wl.RateSchedule:
@@ -608,16 +609,75 @@ def validate(doc: Any) -> PipelineSpec:
     (and on a definition whose cost, ``check_cost``, one executor cannot carry).
 
     A definition with ``nodes`` is a dataflow pipeline (``dataflow.py``); one with
-    ``source``/``operators`` is a chain (one keyed stateful operator)."""
+    ``app`` a pipeline module of an installed package (``operators/base.py``), i.e. the
+    dataflow source -> app -> sink (``app_nodes``); one with ``source``/``operators``
+    is a chain (one keyed stateful operator)."""
     spec = _validate(doc)
     check_cost(spec)
     return spec
+
+
+# A pipeline module's definition (``{"app": ..., "params": ..., "source": ...,
+# "sink": ...}``) is the dataflow source -> app -> sink; its errors name the shorthand's
+# fields, not the nodes it stands for.
+APP_FIELDS = {"app", "params", "source", "sink", "key_groups", "trigger_ms",
+              "max_records_per_batch", "state_store"}
+_APP_NODE_PATHS = (("nodes[0] (source)", "source"), ("nodes[1] (app).input", "app"),
+                   ("nodes[1] (app)", ""), ("nodes[2] (sink)", "sink"))
+
+
+def app_nodes(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dataflow nodes a pipeline module's definition stands for."""
+    source = doc.get("source", {"type": "generator"})
+    sink = doc.get("sink", {})
+    app = {"id": "app", "type": dataflow.APP_TYPE, "input": "source", "app": doc.get("app")}
+    if "params" in doc:
+        app["params"] = doc["params"]
+    return [{"type": "generator", **(source if isinstance(source, dict) else {}),
+             "id": "source"}, app,
+            {**(sink if isinstance(sink, dict) else {}), "id": "sink", "type": "sink",
+             "input": "app"}]
+
+
+def _validate_app(doc: dict[str, Any]) -> PipelineSpec:
+    _allowed(doc, "", APP_FIELDS)
+    if "source" not in doc:
+        raise DefinitionError("source", "is required: where the module's records come "
+                              "from (a generator, a Redis or JetStream stream, a folder)")
+    for part in ("source", "sink"):
+        if part in doc:
+            _obj(doc[part], part)
+            if "id" in doc[part] or (part == "sink" and {"type", "input"} & set(doc[part])):
+                bad = next(k for k in ("id", "type", "input") if k in doc[part])
+                raise DefinitionError(f"{part}.{bad}", "is not a field here (the "
+                                      "pipeline is source -> app -> sink)")
+    try:
+        spec = _validate_dataflow({"nodes": app_nodes(doc),
+                                   **{k: v for k, v in doc.items()
+                                      if k not in ("app", "params", "source", "sink")}})
+    except DefinitionError as exc:
+        for prefix, short in _APP_NODE_PATHS:
+            if exc.path.startswith(prefix):
+                rest = exc.path[len(prefix):].lstrip(".")
+                raise DefinitionError(".".join(p for p in (short, rest) if p) or "app",
+                                      exc.message) from None
+        raise
+    # Kept as the user wrote it (cleaned): the form shows it again, and a re-plan or a
+    # source's pin validates it again (``app_nodes``).
+    source_node, app, sink_node = (dict(n) for n in spec.raw["nodes"])
+    short = {"app": app["app"], "params": spec.graph.node("app").params["params"],
+             "source": {k: v for k, v in source_node.items() if k != "id"},
+             "sink": {k: v for k, v in sink_node.items() if k not in ("id", "type", "input")},
+             **{k: v for k, v in spec.raw.items() if k != "nodes"}}
+    return replace(spec, raw=short)
 
 
 def _validate(doc: Any) -> PipelineSpec:
     doc = _obj(doc, "")
     if "nodes" in doc:
         return _validate_dataflow(doc)
+    if "app" in doc:
+        return _validate_app(doc)
     _allowed(doc, "", {"source", "operators", "sink", "key_groups", "trigger_ms",
                        "max_records_per_batch", "state_store"})
     if "source" not in doc:
@@ -842,7 +902,7 @@ def _record_fields(src: dict[str, Any], path: str, chain: bool = True) -> dict[s
 
 def with_source_doc(spec: PipelineSpec, source: dict[str, Any]) -> PipelineSpec:
     """``spec`` with its source (``source_doc``) replaced, validated again."""
-    if spec.graph is None:
+    if spec.graph is None or "app" in spec.raw:
         return validate({**spec.raw, "source": source})
     nodes = [source if isinstance(n, dict) and n.get("type") in dataflow.SOURCE_TYPES
              else n for n in spec.raw["nodes"]]

@@ -287,6 +287,9 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
     from pipelines.nexmark import queries, reference
     from pipelines.runtime.query.nexmark_source import scheduled_events
 
+    if any(n.type == dataflow.APP_TYPE for n in spec.graph.nodes):
+        _verify_app(spec, t0, committed, end, output_dir, report, progress)
+        return
     if spec.reference is None and python_checkable(spec) is None:
         _verify_python(spec, t0, committed, end, output_dir, report, progress)
         return
@@ -366,6 +369,15 @@ def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
         events, emit = scheduled_events(json.dumps(spec.raw, sort_keys=True), start, end,
                                         t0)
         frame = to_arrow(start, events, emit).to_pandas()
+    elif spec.source_type in definition.BROKER_SOURCES:
+        from pipelines.runtime.connectors import redis_stream as rs
+
+        if definition.nexmark_events(spec):
+            raise RunDirError("a stream of NEXMark events is checked against a NEXMark "
+                              "reference (the definition's reference), not row by row")
+        source, parsed = _read_source(spec, start, end)
+        frame = pd.DataFrame(rs.as_arrays(parsed, source.fields))
+        frame["event_time"] = pd.to_datetime(frame["emit_ts"], unit="s")
     else:
         r = workload.generate(spec.seed, start, end, spec.schedule(),
                               spec.key_distribution(), t0)
@@ -375,9 +387,11 @@ def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
                               "event_time": pd.to_datetime(r.emit_ts, unit="s")})
     frames: dict[str, pd.DataFrame] = {}
     for node in spec.graph.nodes:
-        if node.type in ("generator", "nexmark"):
+        if node.type in dataflow.SOURCE_TYPES:
             frames[node.id] = frame
             continue
+        if node.type == dataflow.APP_TYPE or node.inputs[0] not in frames:
+            continue  # a pipeline module and what follows it: _verify_app's
         df = frames[node.inputs[0]]
         if node.type == "filter":  # from the checked tree, as Spark ran it
             condition = dataflow.parse_expression(
@@ -439,6 +453,118 @@ def _verify_python(spec: definition.PipelineSpec, t0: float, committed: list[int
             first = both.loc[bad, "seq"].iloc[0]
             report.problem("wrong", int(bad.sum()), f"{column} differs on {int(bad.sum())} "
                                                     f"rows (first: record {first})")
+
+
+def _verify_app(spec: definition.PipelineSpec, t0: float, committed: list[int], end: int,
+                output_dir: Path, report: VerifyReport,
+                progress: Progress | None = None) -> None:
+    """A pipeline module's output against its own ``build`` over a static DataFrame of
+    the same records (``app_reference.py``). Update mode (the module declares a key):
+    no batch writes a key twice, and each key's latest row equals the batch query's;
+    append mode: the rows, as a multiset, equal the batch query's — for a module that
+    keeps state (windows), a subset of it, since windows still open at the last batch
+    have not been emitted yet (counted in ``problems`` as information, not an error)."""
+    from pipelines.runtime.verify import app_reference
+
+    assert spec.graph is not None
+    app = next(n for n in spec.graph.nodes if n.type == dataflow.APP_TYPE)
+    upstream = [n for n in spec.graph.ancestors(app.id)
+                if n.type not in (*dataflow.SOURCE_TYPES, "filter", "python")]
+    if upstream:
+        raise RunDirError(f"{app.id} reads {upstream[0].id} ({upstream[0].type}), which "
+                          "the verifier does not recompute outside Spark")
+    report.batches = len(committed)
+    frame = python_frames(spec, t0, 0, end)[app.inputs[0]]
+    report.records = end
+    job = {"app": app.params["app"], "params": app.params["params"],
+           "columns": app.columns, "key_groups": spec.key_groups,
+           "watermark_s": spec.watermark_s, "trigger_ms": spec.trigger_ms,
+           "nexmark_events": definition.nexmark_events(spec)}
+    try:
+        want = app_reference.expected(frame, job)
+    except (app_reference.ReferenceError, OSError) as exc:
+        raise RunDirError(str(exc)) from None
+    columns = list(app.columns)
+    parts = []
+    for i, df in enumerate(_outputs(committed, output_dir, report, progress)):
+        report.output_rows += len(df)
+        parts.append(df[[c for c in columns if c in df.columns]].assign(_batch=i))
+    got = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        columns=[*columns, "_batch"])
+    key = list(app.params["key"])
+    if key:
+        twice = got.duplicated([*key, "_batch"])
+        if twice.any():
+            report.problem("duplicated", int(twice.sum()), f"{int(twice.sum())} rows repeat "
+                           f"a key in the same batch (first: {_row_text(got[twice].iloc[0], key)})")
+        got = got.drop_duplicates(key, keep="last")
+        _compare_keyed(got[columns], want, key, report)
+    else:
+        _compare_rows(got[columns], want, app.stateful, report)
+
+
+def _row_text(row: pd.Series, columns: list[str]) -> str:
+    return ", ".join(f"{c}={row[c]}" for c in columns)
+
+
+def _normalised(df: pd.DataFrame) -> pd.DataFrame:
+    """Doubles to 12 significant digits (a sum in another order differs in its last
+    bits), whole numbers as integers (a nullable long reads back as float64)."""
+    out = df.copy()
+    for c in out.columns:
+        if pd.api.types.is_float_dtype(out[c]):
+            out[c] = out[c].map(lambda v: v if pd.isna(v) else float(f"{v:.12g}"))
+    return out
+
+
+def _compare_keyed(got: pd.DataFrame, want: pd.DataFrame, key: list[str],
+                   report: VerifyReport) -> None:
+    report.compared_rows = len(want)
+    both = _normalised(want).merge(_normalised(got), on=key, how="outer",
+                                   suffixes=("", "_got"), indicator=True)
+    lost = both[both["_merge"] == "left_only"]
+    if len(lost):
+        report.problem("lost", len(lost), f"{len(lost)} keys are missing from the output "
+                       f"(first: {_row_text(lost.iloc[0], key)})")
+    extra = both[both["_merge"] == "right_only"]
+    if len(extra):
+        report.problem("unexpected", len(extra), f"{len(extra)} keys should not be in the "
+                       f"output (first: {_row_text(extra.iloc[0], key)})")
+    matched = both[both["_merge"] == "both"]
+    for column in [c for c in want.columns if c not in key]:
+        a, b = matched[column], matched[f"{column}_got"]
+        bad = ~((a == b) | (a.isna() & b.isna()))
+        if pd.api.types.is_float_dtype(a) and bad.any():
+            bad = ~np.isclose(a.to_numpy(np.float64), b.to_numpy(np.float64),
+                              rtol=1e-9, equal_nan=True)
+        if bad.any():
+            first = matched[bad].iloc[0]
+            report.problem("wrong", int(bad.sum()), f"{column} differs on {int(bad.sum())} "
+                           f"keys (first: {_row_text(first, key)}: {first[f'{column}_got']} "
+                           f"where the batch query gives {first[column]})")
+
+
+def _compare_rows(got: pd.DataFrame, want: pd.DataFrame, stateful: bool,
+                  report: VerifyReport) -> None:
+    import collections
+
+    def rows(df: pd.DataFrame) -> collections.Counter[str]:
+        return collections.Counter(_result_key(r, tuple(df.columns)) for r in
+                                   json.loads(_normalised(df).to_json(orient="records")))
+
+    have, should = rows(got), rows(want)
+    report.compared_rows = sum(should.values())
+    for text, n in (have - should).items():
+        kind = "duplicated" if text in should else "unexpected"
+        report.problem(kind, n, f"{kind} {n}x {text[:300]}")
+    pending = should - have
+    if pending and not stateful:
+        for text, n in pending.items():
+            report.problem("lost", n, f"missing {n}x {text[:300]}")
+    elif pending and len(report.problems) < MAX_PROBLEMS:
+        # (not a problem: rows of windows the run's watermark had not closed yet)
+        report.problems.append(f"{sum(pending.values())} rows of the batch query are not "
+                               "emitted yet (windows still open at the last batch)")
 
 
 def _verify_running_means(events: list[dict[str, Any]], watermark: int,
