@@ -1,9 +1,11 @@
-"""The example package's own tests: each operator against the value worked out by hand."""
+"""The example package's own tests: each operator and the pipeline module against the
+values worked out by hand."""
 from __future__ import annotations
 
 import hashlib
 
 import pandas as pd
+import pytest
 
 from streamwise_example_ops import customer_region, order_gross, order_receipt
 
@@ -26,3 +28,28 @@ def test_a_receipt_is_the_repeated_hash() -> None:
     out = order_receipt(df, {"rounds": 2})
     want = hashlib.sha256(hashlib.sha256(b"7:1001").digest()).digest().hex()[:16]
     assert out["receipt"].tolist()[0] == want
+
+
+@pytest.mark.spark  # (a local Spark of its own: the module is PySpark)
+def test_customer_totals_over_a_static_frame() -> None:
+    """The pipeline module on a batch DataFrame, as Streamwise's verifier runs it:
+    orders under min_amount left out, gross rounded half up per order."""
+    from pyspark.sql import SparkSession
+
+    from pipelines.runtime.operators.base import BuildContext
+    from streamwise_example_ops.jobs import customer_totals
+
+    spark = (SparkSession.builder.master("local[1]").appName("example-ops-test")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    try:
+        orders = spark.createDataFrame(
+            [(7, 10.005), (7, 999.5), (12, 4.0), (12, 50.0)], "key long, value double")
+        ctx = BuildContext(key_groups=2, params={"tax_pct": 21.0, "min_amount": 5.0})
+        rows = {r["customer"]: r.asDict()
+                for r in customer_totals(spark, orders, ctx).collect()}
+    finally:
+        spark.stop()
+    assert rows[7] == {"customer": 7, "orders": 2, "gross_cents": 1211 + 120940,
+                       "largest": 999.5}
+    assert rows[12] == {"customer": 12, "orders": 1, "gross_cents": 6050, "largest": 50.0}
