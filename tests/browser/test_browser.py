@@ -509,3 +509,72 @@ def test_optimise_plan_shows_both_plans_and_applies_colas_live(
         assert verification.get("state") == "done" and verification.get("ok"), verification
     finally:
         stop_and_wait(run.pk, operator)
+
+
+EXAMPLE_OPS = {"nodes": [
+    {"id": "orders", "type": "generator", "seed": 3, "partitions": 2,
+     "rate": {"kind": "constant", "records_per_s": 600},
+     "keys": {"kind": "zipf", "n": 200, "s": 1.1}},
+    {"id": "gross", "type": "python", "input": "orders", "function": "order_gross",
+     "params": {"tax_pct": 9}},
+    {"id": "region", "type": "python", "input": "gross", "function": "customer_region"},
+    {"id": "receipt", "type": "python", "input": "region", "function": "order_receipt",
+     "params": {"rounds": 4}},
+    {"id": "out", "type": "sink", "input": "receipt"}], "trigger_ms": 1000}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_form_lists_a_packages_operators_and_a_pipeline_of_them_runs_and_draws_its_dag(
+        live_stack, operator, browser) -> None:
+    """Issue 46's browser acceptance: the pipeline form lists the example package's
+    operators with their docs (and its pipeline module); a pipeline made of them is
+    saved from the form, drawn as a DAG, started from the list, and its run's plan page
+    draws the DAG with each operator's measured cost."""
+    from control.models import Policy
+    from pipelines.models import Pipeline, Run
+
+    Policy.objects.create(name="pkg-policy", latency_bound_ms=10000, power_budget_w=40,
+                          min_workers=1, initial_workers=1, max_workers=1)
+    base = live_stack.base_url
+    log_in(browser, base, "operator", "op-pass-123")
+    browser.get(base + "/pipelines/new/")
+    browser.find_element(By.CSS_SELECTOR, "#installed-operators summary").click()
+    row = browser.find_element(By.CSS_SELECTOR, 'tr[data-operator="order_gross"]')
+    assert "The order's amount with tax, in whole cents" in row.text
+    assert "tax_pct = 21 (0..100)" in row.text and "streamwise-example-ops 0.1.0" in \
+        browser.find_element(By.ID, "operator-packages").text
+    module = browser.find_element(
+        By.CSS_SELECTOR, 'tr[data-module="streamwise_example_ops.jobs:customer_totals"]')
+    assert "Per customer, over all time" in module.text
+    browser.find_element(By.ID, "id_name").send_keys("orders-ops")
+    _set_textarea(browser, "id_definition", json.dumps(EXAMPLE_OPS, indent=2))
+    browser.find_element(By.ID, "save-pipeline").click()
+    WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/pipelines/"))
+    pipeline = Pipeline.objects.get(name="orders-ops")
+    browser.get(f"{base}/pipelines/{pipeline.pk}/edit/")
+    drawn = {n.get_attribute("data-node") for n in WebDriverWait(browser, 20).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#pipeline-dag .dag-node"))}
+    assert drawn == {"orders", "gross", "region", "receipt", "out"}
+
+    browser.get(base + "/pipelines/")
+    browser.find_element(By.CSS_SELECTOR, 'button[data-pipeline="orders-ops"]').click()
+    WebDriverWait(browser, 20).until(lambda d: "/runs/" in d.current_url)
+    run = Run.objects.get(pipeline_version__pipeline=pipeline)
+    wait = WebDriverWait(browser, 240, poll_frequency=1,
+                         ignored_exceptions=(StaleElementReferenceException,
+                                             NoSuchElementException))
+    try:
+        wait.until(lambda d: d.execute_script("return window.__streamwise.points") >= 4)
+
+        def profiled(d) -> dict:
+            d.get(f"{base}/runs/{run.pk}/plan/")
+            nodes = d.find_elements(By.CSS_SELECTOR, "#plan-dag .plan-node[data-pe]")
+            costs = {n.get_attribute("data-node"): float(n.get_attribute("data-cpu-us") or 0)
+                     for n in nodes}
+            return costs if len(costs) == 3 and all(costs.values()) else {}
+
+        costs = wait.until(profiled)
+        assert set(costs) == {"gross", "region", "receipt"}
+        browser.save_screenshot(str(Path(live_stack.logs) / "browser-packages.png"))
+    finally:
+        stop_and_wait(run.pk, operator)

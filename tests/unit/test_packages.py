@@ -38,7 +38,8 @@ def test_the_products_catalogue_and_the_example_package_are_installed(fresh) -> 
     orders = found["orders"]  # examples/streamwise-example-ops, installed by the test setup
     assert (orders.distribution, orders.version, orders.error) == (
         "streamwise-example-ops", "0.1.0", None)
-    assert orders.operators == ("order_gross", "customer_region", "order_receipt")
+    assert orders.operators == ("order_gross", "customer_region", "order_receipt",
+                                "order_note")
     assert packages.package_of("order_receipt") == "orders"
     assert packages.operator("order_gross").params == {"tax_pct": Param(21, 0, 100)}
     jobs = found["jobs"]  # the same distribution's pipeline modules

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipelines.runtime.operators.base import PyOperator
+from pipelines.runtime.operators.base import Param, PyOperator
 
 
 def order_gross(df: pd.DataFrame, p: dict[str, Any]) -> pd.DataFrame:
@@ -42,6 +42,13 @@ def order_receipt(df: pd.DataFrame, p: dict[str, Any]) -> pd.DataFrame:
     return df.assign(receipt=pd.array(codes, dtype=object))
 
 
+def order_note(df: pd.DataFrame, p: dict[str, Any]) -> pd.DataFrame:
+    """Sets the order's free-text note to ``chars`` characters (a form's comment field):
+    what makes rows wide, so that where a plan cuts the chain matters."""
+    return df.assign(note=pd.array(np.full(len(df), "n" * p["chars"], dtype=object),
+                                   dtype=object))
+
+
 OPERATORS = [
     PyOperator("order_gross", ("value",), {"gross_cents": "long"}, order_gross,
                {"tax_pct": (21, 0, 100)}, doc=order_gross.__doc__ or ""),
@@ -49,4 +56,7 @@ OPERATORS = [
                {"regions": (4, 1, 1000)}, doc=customer_region.__doc__ or ""),
     PyOperator("order_receipt", ("key", "gross_cents"), {"receipt": "string"},
                order_receipt, {"rounds": (8, 1, 10_000)}, doc=order_receipt.__doc__ or ""),
+    PyOperator("order_note", (), {"note": "string"}, order_note,
+               {"chars": Param(100, 0, 100_000, doc="the note's length")},
+               doc=order_note.__doc__ or ""),
 ]

@@ -1,10 +1,12 @@
 """Benchmark of the plan optimiser (``python -m pipelines.runtime.bench plan``).
 
 COLA's experiment (Khandekar et al. §4: profile the unfused job, fuse with the profile,
-compare throughput with NONE and FINT) on real Spark, for two pipelines of Python
+compare throughput with NONE and FINT) on real Spark, for three pipelines of Python
 operators (``pyops.py``): the HFT kernel split into six operators of uneven cost
-(parse, enrich, bucket, fit, score, format) and NEXMark bids through five (Query 1's
-conversion, parsing ``extra``, a band, a fraud score, formatting).
+(parse, enrich, bucket, fit, score, format), NEXMark bids through five (Query 1's
+conversion, parsing ``extra``, a band, a fraud score, formatting), and orders through
+six operators of the example package with two exlocated pairs (``ORDERS_NOTES``:
+there COLA's plan differs from fuse-all's and greedy merging's).
 
 Per pipeline:
 
@@ -55,9 +57,39 @@ SATURATED_BATCHES = 8
 COMMON_SHARE = 0.4
 CORES = 2  # the runs' executors (1 core each)
 
+# orders6: six operators of the example package (examples/streamwise-example-ops) where
+# two pairs must run in separate Python workers (the definition's plan.exlocate, COLA
+# §3.1 PE exlocation): A..E must be cut between a and e, C..F between c and f. Each
+# order_note sets a note of its own length, so every edge carries rows of another
+# width: one cut on the 900-character edge c->d separates both pairs; fusing in order
+# (fuse-all) cuts before e, the 6,000-character edge; merging the heaviest pairs first
+# (greedy) joins a-b, c-d-e and leaves two cuts, b->c and e->f (850 each).
+ORDERS_NOTES = (("a", 1000), ("b", 850), ("c", 900), ("d", 6000), ("e", 850))
+ORDERS_EXLOCATE = [["a", "e"], ["c", "f"]]
+
+
+def orders_notes_definition(rate: float, plan: dict[str, Any] | None = None,
+                            max_records_per_batch: int = 200_000) -> dict[str, Any]:
+    """The orders through five notes of uneven width and their region (module note)."""
+    nodes: list[dict[str, Any]] = [
+        {"id": "orders", "type": "generator", "seed": 21, "partitions": 2,
+         "rate": {"kind": "constant", "records_per_s": rate},
+         "keys": {"kind": "zipf", "n": 1000, "s": 1.1}}]
+    prev = "orders"
+    for node_id, chars in ORDERS_NOTES:
+        nodes.append({"id": node_id, "type": "python", "input": prev,
+                      "function": "order_note", "params": {"chars": chars}})
+        prev = node_id
+    nodes += [{"id": "f", "type": "python", "input": prev, "function": "customer_region"},
+              {"id": "out", "type": "sink", "input": "f", "keep_output": True}]
+    return {"nodes": nodes, "max_records_per_batch": max_records_per_batch,
+            "plan": plan if plan is not None else {"exlocate": ORDERS_EXLOCATE}}
+
+
 PIPELINES = {
     "hft6": pyops.hft_split_definition,
     "nexmark5": pyops.nexmark_python_definition,
+    "orders6": orders_notes_definition,
 }
 
 
@@ -312,6 +344,11 @@ def check_args(pipelines: list[str]) -> tuple[str, ...]:
     bad = [p for p in pipelines if p not in PIPELINES]
     if bad or not pipelines:
         raise ValueError(f"--pipelines: among {', '.join(PIPELINES)}")
+    for name in pipelines:  # (orders6 needs the example package installed)
+        try:
+            definition.validate(PIPELINES[name](100.0))
+        except definition.DefinitionError as exc:
+            raise ValueError(f"--pipelines: {name}: {exc}") from None
     return tuple(pipelines)
 
 
@@ -319,7 +356,7 @@ def check_args(pipelines: list[str]) -> tuple[str, ...]:
 # ------------------------------------------------------------- the CLI's entry
 def arguments(ap: Any) -> None:
     ap.add_argument("--reps", type=int, default=3, help="repetitions per plan")
-    ap.add_argument("--pipelines", default="hft6,nexmark5",
+    ap.add_argument("--pipelines", default="hft6,nexmark5,orders6",
                     help=f"comma-separated pipelines ({', '.join(PIPELINES)})")
 
 
