@@ -218,25 +218,31 @@ def test_operator_creates_starts_watches_scales_rebalances_and_stops(
             stop_and_wait(each.pk, operator)
 
 
+def _saved_and_drawn(driver, base: str, name: str, doc: dict):
+    """Save ``doc`` as pipeline ``name`` from the open pipeline form; its edit page's
+    DAG. Returns (the pipeline, its drawn nodes)."""
+    from pipelines.models import Pipeline
+
+    driver.find_element(By.ID, "id_name").send_keys(name)
+    _set_textarea(driver, "id_definition", json.dumps(doc, indent=2))
+    driver.find_element(By.ID, "save-pipeline").click()
+    WebDriverWait(driver, 20).until(lambda d: d.current_url.endswith("/pipelines/"))
+    pipeline = Pipeline.objects.get(name=name)
+    driver.get(f"{base}/pipelines/{pipeline.pk}/edit/")
+    return pipeline, WebDriverWait(driver, 20).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#pipeline-dag .dag-node"))
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_dataflow_pipeline_page_draws_its_dag_and_refuses_an_unknown_input(
         live_stack, operator, browser) -> None:
-    from pipelines.models import Pipeline
     from pipelines.nexmark import queries
 
     base = live_stack.base_url
     log_in(browser, base, "operator", "op-pass-123")
     q3 = queries.definition("Q3", 200)
     browser.get(base + "/pipelines/new/")
-    browser.find_element(By.ID, "id_name").send_keys("nexmark-q3")
-    _set_textarea(browser, "id_definition", json.dumps(q3, indent=2))
-    browser.find_element(By.ID, "save-pipeline").click()
-    WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/pipelines/"))
-
-    pipeline = Pipeline.objects.get(name="nexmark-q3")
-    browser.get(f"{base}/pipelines/{pipeline.pk}/edit/")
-    nodes = WebDriverWait(browser, 20).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, "#pipeline-dag .dag-node"))
+    pipeline, nodes = _saved_and_drawn(browser, base, "nexmark-q3", q3)
     assert {n.get_attribute("data-node") for n in nodes} == \
         {"events", "sellers", "auctions10", "joined", "suggest", "out"}
     edges = {(e.get_attribute("data-from"), e.get_attribute("data-to"))
@@ -531,7 +537,7 @@ def test_the_form_lists_a_packages_operators_and_a_pipeline_of_them_runs_and_dra
     saved from the form, drawn as a DAG, started from the list, and its run's plan page
     draws the DAG with each operator's measured cost."""
     from control.models import Policy
-    from pipelines.models import Pipeline, Run
+    from pipelines.models import Run
 
     Policy.objects.create(name="pkg-policy", latency_bound_ms=10000, power_budget_w=40,
                           min_workers=1, initial_workers=1, max_workers=1)
@@ -546,14 +552,8 @@ def test_the_form_lists_a_packages_operators_and_a_pipeline_of_them_runs_and_dra
     module = browser.find_element(
         By.CSS_SELECTOR, 'tr[data-module="streamwise_example_ops.jobs:customer_totals"]')
     assert "Per customer, over all time" in module.text
-    browser.find_element(By.ID, "id_name").send_keys("orders-ops")
-    _set_textarea(browser, "id_definition", json.dumps(EXAMPLE_OPS, indent=2))
-    browser.find_element(By.ID, "save-pipeline").click()
-    WebDriverWait(browser, 20).until(lambda d: d.current_url.endswith("/pipelines/"))
-    pipeline = Pipeline.objects.get(name="orders-ops")
-    browser.get(f"{base}/pipelines/{pipeline.pk}/edit/")
-    drawn = {n.get_attribute("data-node") for n in WebDriverWait(browser, 20).until(
-        lambda d: d.find_elements(By.CSS_SELECTOR, "#pipeline-dag .dag-node"))}
+    pipeline, nodes = _saved_and_drawn(browser, base, "orders-ops", EXAMPLE_OPS)
+    drawn = {n.get_attribute("data-node") for n in nodes}
     assert drawn == {"orders", "gross", "region", "receipt", "out"}
 
     browser.get(base + "/pipelines/")

@@ -70,19 +70,27 @@ def check_operator(op: Any) -> PyOperator:
                             "(at most 63), starting with a letter")
     if not callable(op.fn):
         raise OperatorError(f"{where}: fn is not callable")
-    if not isinstance(op.needs, tuple) or not all(isinstance(c, str) for c in op.needs):
+    _check_columns(where, op.needs, op.adds, "adds", "at least one column and its type")
+    return replace(op, params=_declared(op.params, where))
+
+
+def _check_columns(where: str, needs: Any, columns: Any, field: str, empty: str) -> None:
+    """An operator's or a module's ``needs`` (column names) and its new columns."""
+    if not isinstance(needs, tuple) or not all(isinstance(c, str) for c in needs):
         raise OperatorError(f"{where}: needs must be a tuple of column names")
-    if not isinstance(op.adds, Mapping) or not op.adds:
-        raise OperatorError(f"{where}: adds must name at least one column and its type")
-    for column, kind in op.adds.items():
+    if not isinstance(columns, Mapping) or not columns:
+        raise OperatorError(f"{where}: {field} must name {empty}")
+    for column, kind in columns.items():
         if not isinstance(column, str) or not column.isidentifier() or kind not in COLUMN_TYPES:
-            raise OperatorError(f"{where}: adds {column!r}: {kind!r} (a column is an "
+            raise OperatorError(f"{where}: {field} {column!r}: {kind!r} (a column is an "
                                 f"identifier of type {', '.join(COLUMN_TYPES)})")
+
+
+def _declared(params: Any, where: str) -> dict[str, Any]:
     try:
-        params = check_declared(op.params, where)
+        return check_declared(params, where)
     except ValueError as exc:
         raise OperatorError(str(exc)) from None
-    return replace(op, params=params)
 
 
 def check_module(module: Any) -> PipelineModule:
@@ -93,14 +101,8 @@ def check_module(module: Any) -> PipelineModule:
     if not callable(module.fn):
         raise OperatorError(f"{module!r}: build is not callable")
     where = f"pipeline module {module.path!r}"
-    if not isinstance(module.needs, tuple) or not all(isinstance(c, str) for c in module.needs):
-        raise OperatorError(f"{where}: needs must be a tuple of column names")
-    if not isinstance(module.columns, Mapping) or not module.columns:
-        raise OperatorError(f"{where}: columns must name its output columns and types")
-    for column, kind in module.columns.items():
-        if not isinstance(column, str) or not column.isidentifier() or kind not in COLUMN_TYPES:
-            raise OperatorError(f"{where}: column {column!r}: {kind!r} (a column is an "
-                                f"identifier of type {', '.join(COLUMN_TYPES)})")
+    _check_columns(where, module.needs, module.columns, "columns",
+                   "its output columns and types")
     missing = [k for k in module.key if k not in module.columns]
     if missing:
         raise OperatorError(f"{where}: key column {missing[0]!r} is not an output column")
@@ -110,11 +112,7 @@ def check_module(module: Any) -> PipelineModule:
     if horizon is not None and (isinstance(horizon, bool) or not isinstance(
             horizon, (int, float)) or not 0 <= horizon < 10**9):
         raise OperatorError(f"{where}: state_horizon_s must be seconds (>= 0) or None")
-    try:
-        params = check_declared(module.params, where)
-    except ValueError as exc:
-        raise OperatorError(str(exc)) from None
-    return replace(module, params=params)
+    return replace(module, params=_declared(module.params, where))
 
 
 def _load(target: str | Callable[[], Any]) -> list[PyOperator]:

@@ -749,17 +749,24 @@ def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[st
         raise GraphError(f"{path}.function", f"{json.dumps(name)} is not an installed "
                                              f"operator (installed: {', '.join(installed)})")
     op = installed[name]
-    src = inputs[0].columns
-    missing = [c for c in op.needs if c not in src]
-    if missing:
-        raise GraphError(f"{path}.input", f"{name} reads {', '.join(missing)}, which "
-                                          f"{inputs[0].id} does not carry (columns: "
-                                          f"{', '.join(sorted(src))})")
-    if "window" in src:
-        raise GraphError(f"{path}.input", "a Python operator takes rows, not a window's "
-                                          "results")
+    src = _reads(name, op.needs, inputs[0], path, "a Python operator takes rows")
     params = _params(op.params, doc.get("params", {}), f"{path}.params")
     return {"function": name, "params": params}, pyops.output_columns(op, src)
+
+
+def _reads(name: str, needs: tuple[str, ...], upstream: Node, path: str, what: str
+           ) -> Columns:
+    """``upstream``'s columns, if it carries the ``needs`` of installed code ``name``
+    (an operator or a pipeline module) as rows, not a window's results."""
+    src = upstream.columns
+    missing = [c for c in needs if c not in src]
+    if missing:
+        raise GraphError(f"{path}.input", f"{name} reads {', '.join(missing)}, which "
+                                          f"{upstream.id} does not carry (columns: "
+                                          f"{', '.join(sorted(src))})")
+    if "window" in src:
+        raise GraphError(f"{path}.input", f"{what}, not a window's results")
+    return src
 
 
 def _params(declared: dict[str, Any], given: Any, path: str) -> dict[str, Any]:
@@ -786,15 +793,7 @@ def _app(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, 
         raise GraphError(f"{path}.app", f"{json.dumps(name)} is not an installed pipeline "
                                         f"module (installed: {listed})")
     module = installed[name]
-    src = inputs[0].columns
-    missing = [c for c in module.needs if c not in src]
-    if missing:
-        raise GraphError(f"{path}.input", f"{name} reads {', '.join(missing)}, which "
-                                          f"{inputs[0].id} does not carry (columns: "
-                                          f"{', '.join(sorted(src))})")
-    if "window" in src:
-        raise GraphError(f"{path}.input", "a pipeline module reads records, not a "
-                                          "window's results")
+    _reads(name, module.needs, inputs[0], path, "a pipeline module reads records")
     params = _params(module.params, doc.get("params", {}), f"{path}.params")
     return ({"app": name, "params": params, "key": list(module.key),
              "stateful": module.stateful, "state_horizon_s": module.state_horizon_s},
