@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 
 import numpy as np
+import pandas as pd
 import pytest
 import redis
 from hypothesis import given
@@ -319,3 +320,24 @@ def queries_on_jetstream() -> dict:
     return queries.definition("Q5", 1000, stream={"type": "jetstream",
                                                   "url": "nats://127.0.0.1:4222",
                                                   "stream": "EVENTS"})
+
+
+def test_a_pipeline_modules_input_is_read_again_from_the_stream(stream) -> None:
+    """What the verifier gives a pipeline module's reference run when its source is a
+    stream: the entries of the range, as the run's source presents them (``seq``, the
+    declared fields, ``emit_ts`` and ``event_time`` from the entry's time)."""
+    from pipelines.runtime.verify import verifier
+
+    r, source = stream
+    ids = [f"{1_700_000_000_000 + i}-0" for i in range(5)]
+    for i, entry_id in enumerate(ids):
+        r.xadd(source.stream, {"key": str(i % 2), "value": str(i * 1.5)}, id=entry_id)
+    spec = definition.validate({
+        "app": "streamwise_example_ops.jobs:customer_totals",
+        "source": {"type": "redis_stream", "url": source.url, "stream": source.stream,
+                   "fields": {"key": "long", "value": "double"}, "start": "earliest"}})
+    frame = verifier.python_frames(spec, 0.0, 0, rs.end_offset(r, source.stream))["source"]
+    assert frame["key"].tolist() == [0, 1, 0, 1, 0]
+    assert frame["value"].tolist() == [0.0, 1.5, 3.0, 4.5, 6.0]
+    assert [rs.unpack(s) for s in frame["seq"]] == ids
+    assert frame["event_time"].iloc[0] == pd.Timestamp(1_700_000_000, unit="s")
