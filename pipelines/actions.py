@@ -39,7 +39,7 @@ SAMPLE_FIELDS = ("batch_id", "input_rows", "records", "input_rate", "scheduled_r
                  "output_rate", "batch_duration_ms", "latency_p50_ms", "latency_p95_ms",
                  "latency_p99_ms", "latency_max_ms", "workers", "frequency_ghz", "power_w",
                  "state_rows", "frequency_source", "drift", "group_moves", "failed_tasks",
-                 "dead_letters", "groups", "migration")
+                 "dead_letters", "backlog_s", "groups", "migration")
 # Per-group arrays of a runner record, kept together as a sample's ``groups``.
 # A queued or running exactly-once check that has not reported for this long is taken
 # for dead (its worker died; the task's own limit is an hour) and may be asked again.
@@ -339,6 +339,7 @@ def request_frequency(run: Run, ghz: float, user: Any) -> None:
 def sample_from_record(record: dict[str, Any]) -> dict[str, Any]:
     """Wire dict (pushed to browsers) for a runner metrics record."""
     wire = {k: record.get(k) for k in SAMPLE_FIELDS}
+    wire["backlog_s"] = record.get("source_behind_s")  # (the runner's name for it)
     if record.get("placement") is not None:
         wire["groups"] = {k: record.get(k) for k in GROUP_FIELDS}
     wire["t"] = record["t"]

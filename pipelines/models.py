@@ -310,6 +310,9 @@ class MetricSample(models.Model):
     failed_tasks = models.IntegerField(null=True)
     dead_letters = models.BigIntegerField(
         null=True, help_text="a broker source's entries that did not convert, so far")
+    backlog_s = models.FloatField(
+        null=True, blank=True,
+        help_text="how far a broker source's newest entry is ahead of what the batch read (s)")
     groups = models.JSONField(null=True, blank=True,
                               help_text="per key group: placement, ran_on, bytes, ms")
     migration = models.JSONField(null=True, blank=True, help_text="migration in progress")

@@ -218,6 +218,11 @@ class Relay:
         self.pushed[key] = max([pushed] + [w.get("batch_id") or 0 for _id, w in wires])
         await database_sync_to_async(actions.store_samples)(run_id, [w for _id, w in wires])
         self.cursors[key] = entries[-1][0]
+        written = [w.get("written_at") for _id, w in wires if w.get("written_at")]
+        if written:  # how long the newest sample took from the runner to the database
+            await self.redis.hset(busmod.HEALTH_KEY, mapping={
+                "relay_lag_s": round(max(0.0, time.time() - max(written)), 4),
+                "relay_at": round(time.time(), 3)})
 
     async def _events(self, key: str, run_id: int, entries: list) -> None:
         """Apply each event in order; the read position passes an event once it is stored."""

@@ -186,7 +186,8 @@ def record_ack(run: Run, command: str, args: dict, actor: str,
     elif ack["ok"] and command == "replan":
         actions.update_config(run, key_groups=ack.get("to_groups", run.key_groups))
     kind = EventKind.RECONFIGURED if ack["ok"] else EventKind.RECONFIGURE_FAILED
-    actions.record_event(run, kind, "runner", ack["message"], {**ack, "requested_by": actor})
+    actions.record_event(run, kind, "runner", ack["message"],
+                         {**ack, "command": command, "requested_by": actor})
     return bool(ack["ok"]), ack["message"]
 
 
@@ -325,7 +326,12 @@ def reconcile_runs() -> dict[str, int]:
     if not lock.acquire():
         return {"checked": 0, "changed": 0, "busy": 1}
     try:
-        return _reconcile_pass()
+        started = time.monotonic()
+        result = _reconcile_pass()
+        r.hset(busmod.HEALTH_KEY, mapping={
+            "reconcile_pass_s": round(time.monotonic() - started, 4),
+            "reconcile_at": round(time.time(), 3)})
+        return result
     finally:
         lock.release()
 

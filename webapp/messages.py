@@ -94,6 +94,7 @@ class Sample(TypedDict):
     group_moves: int | None
     failed_tasks: int | None
     dead_letters: int | None  # a broker source's entries that did not convert
+    backlog_s: NotRequired[float | None]  # a broker source's newest entry ahead (s)
     groups: Groups | None
     migration: dict[str, Any] | None
     written_at: NotRequired[float | None]  # pushed live only: when the runner wrote it

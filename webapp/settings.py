@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "pipelines",
     "control",
     "accounts",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -256,3 +257,8 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.channels.server": {"level": "WARNING"}},
 }
+
+# /metrics (api/prometheus.py): a bearer token if set; otherwise only these networks.
+STREAMWISE_METRICS_TOKEN = os.environ.get("STREAMWISE_METRICS_TOKEN", "")
+STREAMWISE_METRICS_NETWORKS = [n.strip() for n in os.environ.get(
+    "STREAMWISE_METRICS_NETWORKS", "127.0.0.0/8,::1/128").split(",") if n.strip()]

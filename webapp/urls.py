@@ -4,12 +4,14 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 
 from accounts.forms import LoginForm
+from api.prometheus import metrics_view
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="run-list", permanent=False)),
     path("login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("metrics", metrics_view, name="metrics"),
     path("", include("pipelines.urls")),
     path("", include("control.urls")),
     path("", include("audit.urls")),

@@ -46,6 +46,9 @@ HEARTBEAT_EVERY_S = 2.0
 HOSTNAME = socket.gethostname()
 STREAM_MAXLEN = 20_000
 LIVE_SET = "runs:live"
+# The control plane's own health, as its processes last reported it (a hash: the relay's
+# lag behind the runners' metrics, the reconciler's last pass): /metrics exports it.
+HEALTH_KEY = "streamwise:health"
 # Entries a runner holds while Redis is away: a day of one-second batches; past that the
 # oldest are dropped (and counted) rather than the runner's memory growing without end.
 OUTBOX_MAX = 100_000
