@@ -89,6 +89,14 @@ def test_a_runs_latest_sample_decisions_reconfigurations_and_verdict_are_exporte
     assert {s.labels["queue"] for s in got["streamwise_celery_queue_length"]} == {
         "control", "lab"}
 
+    # The Grafana dashboard in docs/ asks only for what is exported.
+    import re
+    from pathlib import Path
+
+    dashboard = (Path(__file__).resolve().parents[2] / "docs" / "grafana.json").read_text()
+    asked = {n.removesuffix("_total") for n in re.findall(r"streamwise_[a-z_]+", dashboard)}
+    assert asked and asked <= set(got), asked - set(got)
+
 
 @pytest.mark.django_db
 def test_metrics_need_an_allowed_network_or_the_token(settings) -> None:
