@@ -160,3 +160,39 @@ def test_the_published_json_schema_is_the_document_models() -> None:
 
     published = json.loads((ROOT / "docs" / "streamwise-document.schema.json").read_text())
     assert published == documents.json_schema()
+
+
+@pytest.mark.django_db
+def test_runs_start_and_stop_from_the_command_line_through_the_pages_checks(
+        admin_user, monkeypatch, django_capture_on_commit_callbacks) -> None:
+    from django.contrib.auth.models import User
+
+    from pipelines.models import Run
+
+    _apply(DOC.replace("    password_env: ORDERS_REDIS_PASSWORD\n", ""))
+    queued = []
+    monkeypatch.setattr("pipelines.actions.enqueue", lambda *a: queued.append(a))
+    out = io.StringIO()
+    with django_capture_on_commit_callbacks(execute=True):
+        call_command("runs", "start", "--pipeline", "small-count", "--policy", "tight",
+                     stdout=out)
+    run = Run.objects.get()
+    assert out.getvalue().strip() == f"run {run.pk} created: http://127.0.0.1:8000/runs/{run.pk}/"
+    assert run.events.get(kind="created").actor == "user:admin"
+    assert queued and queued[0][1] == run.pk
+    for args, message in [
+        (("--pipeline", "nope", "--policy", "tight"), "no pipeline named 'nope'"),
+        (("--pipeline", "q3", "--policy", "tight", "--wait", "flying"), "--wait: one of"),
+        (("--pipeline", "q3", "--policy", "tight", "--user", "ghost"), "no user 'ghost'"),
+    ]:
+        with pytest.raises(CommandError) as err:
+            call_command("runs", "start", *args, stdout=io.StringIO())
+        assert message in str(err.value)
+    User.objects.create_user("reader")
+    with pytest.raises(CommandError) as err:
+        call_command("runs", "stop", str(run.pk), "--user", "reader", stdout=io.StringIO())
+    assert "reader may not stop runs" in str(err.value)
+    out = io.StringIO()
+    call_command("runs", "stop", str(run.pk), stdout=out)
+    assert out.getvalue().startswith(f"run {run.pk} stopping")
+    assert run.events.filter(kind="stop_requested", actor="user:admin").exists()
