@@ -5,6 +5,7 @@ from django.views.generic import RedirectView
 
 from accounts.forms import LoginForm
 from api.prometheus import metrics_view
+from api.v1 import api as api_v1
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="run-list", permanent=False)),
@@ -12,6 +13,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
+    path("api/v1/", api_v1.urls),
     path("", include("pipelines.urls")),
     path("", include("control.urls")),
     path("", include("audit.urls")),
