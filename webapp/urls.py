@@ -17,4 +17,5 @@ urlpatterns = [
     path("", include("pipelines.urls")),
     path("", include("control.urls")),
     path("", include("audit.urls")),
+    path("", include("api.urls")),
 ]

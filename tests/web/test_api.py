@@ -107,3 +107,33 @@ def test_runs_start_and_scale_through_the_api_and_the_schema_is_served(
     assert requested.actor == "user:api-op2" and requested.payload["workers"] == 2
     schema = Client().get("/api/v1/openapi.json").json()
     assert schema["openapi"].startswith("3.") and "/api/v1/runs/{run_id}/workers" in schema["paths"]
+
+
+@pytest.mark.django_db
+def test_tokens_are_made_shown_once_and_revoked_on_their_page() -> None:
+    from api.models import ApiToken
+    from audit.models import AuditEntry
+
+    owner, other, admin = (_user("tok-op", "operator"), _user("tok-other", "operator"),
+                           _user("tok-admin", "admin"))
+    page = Client()
+    page.force_login(owner)
+    made = page.post("/account/tokens/new/", {"name": "ci-deploy"}, follow=True)
+    text = made.content.decode()
+    token = ApiToken.objects.get(user=owner)
+    shown = text.split('id="new-token"')[1].split("<code>")[1].split("</code>")[0]
+    assert shown.startswith(f"sw_{token.prefix}_") and ApiToken.find(shown) == token
+    assert shown not in page.get("/account/tokens/").content.decode()  # once
+    assert AuditEntry.objects.filter(action="api_token.create", actor="user:tok-op").exists()
+    bearer = Client(HTTP_AUTHORIZATION=f"Bearer {shown}")
+    assert bearer.get("/api/v1/runs").status_code == 200
+    intruder = Client()
+    intruder.force_login(other)
+    intruder.post(f"/account/tokens/{token.pk}/revoke/")
+    assert ApiToken.objects.get(pk=token.pk).active  # not theirs
+    boss = Client()
+    boss.force_login(admin)
+    assert f'data-token="{token.prefix}"' in boss.get("/account/tokens/").content.decode()
+    boss.post(f"/account/tokens/{token.pk}/revoke/")
+    assert not ApiToken.objects.get(pk=token.pk).active
+    assert bearer.get("/api/v1/runs").status_code == 401

@@ -89,6 +89,9 @@ def _pages(w: dict[str, Any]) -> list[tuple[str, str, dict[str, int]]]:
         ("post", "/lab/new/", {**post, "operator": 200, "admin": 200}),
         ("get", "/admin/", staff), ("get", "/admin/auth/user/", staff),
         ("get", "/admin/audit/auditentry/", staff),
+        # Anyone signed in makes tokens; a token acts only with its user's role.
+        ("get", "/account/tokens/", {**{k: 200 for k in WHO}, "anonymous": 302}),
+        ("post", "/account/tokens/new/", {k: 302 for k in WHO}),
     ]
 
 
