@@ -228,17 +228,3 @@ def test_a_pipeline_modules_keyed_aggregation_scales_one_two_one_with_migration(
     assert report.ok, report.line() + "\n" + "\n".join(report.problems)
     assert report.batches >= 8 and report.compared_rows > 100
 
-    # The same check catches a key written twice in a batch and a customer's count off
-    # by one in its latest row (a copy of the run with its last batch so altered).
-    import shutil
-
-    import pandas as pd
-
-    bad = tmp_path / "altered"
-    shutil.copytree(run.work, bad, ignore=shutil.ignore_patterns("*.jsa", "spark-*"))
-    last = sorted((bad / "output").glob("batch-*.parquet"))[-1]
-    rows = pd.read_parquet(last)
-    rows.loc[0, "orders"] += 1
-    pd.concat([rows, rows.iloc[[1]]]).to_parquet(last, index=False)
-    altered = verify.verify_run_dir(bad)
-    assert not altered.ok and altered.duplicated == 1 and altered.wrong >= 1, altered.problems

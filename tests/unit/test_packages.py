@@ -248,3 +248,29 @@ def test_an_exception_in_user_code_is_reported_with_its_frames_first(tmp_path) -
     assert "team_jobs.py" in lines[2] and "in helper" in lines[2]
     assert "in build" in lines[4]
     assert start_failure(ValueError("bad config")) == "ValueError: bad config"
+
+
+def test_a_modules_output_is_compared_key_by_key_with_its_batch_query(tmp_path) -> None:
+    """What the verifier does with a pipeline module's kept output once its reference
+    run gave the batch query's rows (``verifier._verify_app``, Spark-free here): a key
+    written twice in one batch is duplicated, a latest row off by one is wrong, a key
+    missing is lost, a key too many unexpected."""
+    from pipelines.runtime.verify import verifier
+
+    want = pd.DataFrame({"customer": [1, 2, 3], "orders": [4, 2, 7],
+                         "largest": [10.5, 3.25, 0.1 + 0.2]})
+    report = verifier.VerifyReport()
+    got = pd.DataFrame({"customer": [1, 2, 3], "orders": [4, 2, 7],
+                        "largest": [10.5, 3.25, 0.30000000000000004]})
+    verifier._compare_keyed(got, want, ["customer"], report)
+    assert report.ok and report.compared_rows == 3
+    report = verifier.VerifyReport()
+    bad = pd.DataFrame({"customer": [1, 2, 9], "orders": [5, 2, 1],
+                        "largest": [10.5, 3.25, 1.0]})
+    verifier._compare_keyed(bad, want, ["customer"], report)
+    assert (report.lost, report.unexpected, report.wrong) == (1, 1, 1), report.problems
+    assert "orders differs on 1 keys (first: customer=1: 5 where the batch query gives 4)" \
+        in report.problems[-1]
+    report = verifier.VerifyReport()
+    verifier._compare_rows(pd.concat([got, got.iloc[[0]]]), want, False, report)
+    assert report.duplicated == 1 and report.lost == 0

@@ -503,8 +503,14 @@ def _verify_app(spec: definition.PipelineSpec, t0: float, committed: list[int], 
         _compare_rows(got[columns], want, app.stateful, report)
 
 
+def _shown(value: Any) -> Any:
+    """A value as a message shows it: a whole number (an outer merge made it a float)
+    as an integer."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _row_text(row: pd.Series, columns: list[str]) -> str:
-    return ", ".join(f"{c}={row[c]}" for c in columns)
+    return ", ".join(f"{c}={_shown(row[c])}" for c in columns)
 
 
 def _normalised(df: pd.DataFrame) -> pd.DataFrame:
@@ -540,8 +546,9 @@ def _compare_keyed(got: pd.DataFrame, want: pd.DataFrame, key: list[str],
         if bad.any():
             first = matched[bad].iloc[0]
             report.problem("wrong", int(bad.sum()), f"{column} differs on {int(bad.sum())} "
-                           f"keys (first: {_row_text(first, key)}: {first[f'{column}_got']} "
-                           f"where the batch query gives {first[column]})")
+                           f"keys (first: {_row_text(first, key)}: "
+                           f"{_shown(first[f'{column}_got'])} where the batch query gives "
+                           f"{_shown(first[column])})")
 
 
 def _compare_rows(got: pd.DataFrame, want: pd.DataFrame, stateful: bool,
