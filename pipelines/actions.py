@@ -39,7 +39,10 @@ SAMPLE_FIELDS = ("batch_id", "input_rows", "records", "input_rate", "scheduled_r
                  "output_rate", "batch_duration_ms", "latency_p50_ms", "latency_p95_ms",
                  "latency_p99_ms", "latency_max_ms", "workers", "frequency_ghz", "power_w",
                  "state_rows", "frequency_source", "drift", "group_moves", "failed_tasks",
-                 "dead_letters", "backlog_s", "groups", "migration")
+                 "dead_letters", "groups", "migration")
+# ... and what a sample keeps under a name of its own: a broker source's backlog (the
+# runner's ``source_behind_s``).
+STORED_FIELDS = (*SAMPLE_FIELDS, "backlog_s")
 # Per-group arrays of a runner record, kept together as a sample's ``groups``.
 # A queued or running exactly-once check that has not reported for this long is taken
 # for dead (its worker died; the task's own limit is an hour) and may be asked again.
@@ -349,7 +352,7 @@ def sample_from_record(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def sample_to_wire(sample: MetricSample) -> dict[str, Any]:
-    wire = {k: getattr(sample, k) for k in SAMPLE_FIELDS}
+    wire = {k: getattr(sample, k) for k in STORED_FIELDS}
     wire["t"] = sample.t.timestamp()
     wire["power_measured"] = sample.power_measured
     return wire
@@ -358,7 +361,7 @@ def sample_to_wire(sample: MetricSample) -> dict[str, Any]:
 def store_samples(run_id: int, wires: list[dict[str, Any]]) -> None:
     rows = []
     for w in wires:
-        fields = {k: w.get(k) for k in SAMPLE_FIELDS}
+        fields = {k: w.get(k) for k in STORED_FIELDS}
         fields["workers"] = fields.get("workers") or 0
         fields["frequency_source"] = fields.get("frequency_source") or ""
         fields["input_rows"] = fields.get("input_rows") or 0
