@@ -284,6 +284,26 @@ class ClusterOut(Schema):
     runs: list[dict[str, Any]]
 
 
+class ErrorOut(Schema):
+    detail: str
+
+
+class FieldProblem(Schema):
+    loc: list[str | int]
+    msg: str
+
+
+class ProblemsOut(Schema):
+    detail: list[FieldProblem]
+
+
+# Every operation may answer these (documented, so that a client and the schema test
+# know them): a body that is not JSON, no or a revoked token, a role without the permission, an unknown name or
+# id, a state that does not allow it, a field error, too many writes.
+ERRORS: dict[int, Any] = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut,
+                          422: ProblemsOut, 429: ErrorOut}
+
+
 # ----------------------------------------------------------------------- pipelines
 pipelines = Router(tags=["pipelines"])
 
@@ -320,7 +340,7 @@ def _save_pipeline(request: HttpRequest, existing: Any, name: str, description: 
         return actions.save_pipeline(form.save(commit=False), request.user)
 
 
-@pipelines.get("", response=list[PipelineOut])
+@pipelines.get("", response={**ERRORS, 200: list[PipelineOut]})
 @paginate(LimitOffsetPagination)
 def list_pipelines(request: HttpRequest) -> Any:
     from pipelines.models import Pipeline
@@ -329,13 +349,13 @@ def list_pipelines(request: HttpRequest) -> Any:
     return [_pipeline_out(p) for p in Pipeline.objects.order_by("name")]
 
 
-@pipelines.get("/{name}", response=PipelineOut)
+@pipelines.get("/{name}", response={**ERRORS, 200: PipelineOut})
 def get_pipeline(request: HttpRequest, name: str) -> Any:
     _require(request, "pipelines.view_pipeline")
     return _pipeline_out(_get_pipeline(name))
 
 
-@pipelines.post("", response={201: PipelineOut}, throttle=writes)
+@pipelines.post("", response={**ERRORS, 201: PipelineOut}, throttle=writes)
 def create_pipeline(request: HttpRequest, body: PipelineIn) -> Any:
     from pipelines.models import Pipeline
 
@@ -346,7 +366,7 @@ def create_pipeline(request: HttpRequest, body: PipelineIn) -> Any:
                                              body.definition)))
 
 
-@pipelines.put("/{name}", response=PipelineOut, throttle=writes)
+@pipelines.put("/{name}", response={**ERRORS, 200: PipelineOut}, throttle=writes)
 def update_pipeline(request: HttpRequest, name: str, body: PipelineUpdate) -> Any:
     _require(request, "pipelines.change_pipeline")
     existing = _get_pipeline(name)
@@ -356,7 +376,7 @@ def update_pipeline(request: HttpRequest, name: str, body: PipelineUpdate) -> An
         existing.definition if body.definition is None else body.definition))
 
 
-@pipelines.get("/{name}/versions", response=list[VersionOut])
+@pipelines.get("/{name}/versions", response={**ERRORS, 200: list[VersionOut]})
 @paginate(LimitOffsetPagination)
 def pipeline_versions(request: HttpRequest, name: str) -> Any:
     _require(request, "pipelines.view_pipeline")
@@ -401,7 +421,7 @@ def _save_policy(request: HttpRequest, existing: Any, body: PolicyIn) -> Any:
     return saved
 
 
-@policies.get("", response=list[PolicyOut])
+@policies.get("", response={**ERRORS, 200: list[PolicyOut]})
 @paginate(LimitOffsetPagination)
 def list_policies(request: HttpRequest) -> Any:
     from control.models import Policy
@@ -410,13 +430,13 @@ def list_policies(request: HttpRequest) -> Any:
     return [_policy_out(p) for p in Policy.objects.order_by("name")]
 
 
-@policies.get("/{name}", response=PolicyOut)
+@policies.get("/{name}", response={**ERRORS, 200: PolicyOut})
 def get_policy(request: HttpRequest, name: str) -> Any:
     _require(request, "control.view_policy")
     return _policy_out(_get_policy(name))
 
 
-@policies.post("", response={201: PolicyOut}, throttle=writes)
+@policies.post("", response={**ERRORS, 201: PolicyOut}, throttle=writes)
 def create_policy(request: HttpRequest, body: PolicyIn) -> Any:
     from control.models import Policy
 
@@ -426,7 +446,7 @@ def create_policy(request: HttpRequest, body: PolicyIn) -> Any:
     return Status(201, _policy_out(_save_policy(request, None, body)))
 
 
-@policies.put("/{name}", response=PolicyOut, throttle=writes)
+@policies.put("/{name}", response={**ERRORS, 200: PolicyOut}, throttle=writes)
 def update_policy(request: HttpRequest, name: str, body: PolicyIn) -> Any:
     _require(request, "control.change_policy")
     existing = _get_policy(name)
@@ -435,7 +455,7 @@ def update_policy(request: HttpRequest, name: str, body: PolicyIn) -> Any:
     return _policy_out(_save_policy(request, existing, body))
 
 
-@policies.get("/{name}/versions", response=list[VersionOut])
+@policies.get("/{name}/versions", response={**ERRORS, 200: list[VersionOut]})
 @paginate(LimitOffsetPagination)
 def policy_versions(request: HttpRequest, name: str) -> Any:
     _require(request, "control.view_policy")
@@ -452,7 +472,7 @@ def _connection_out(c: Any) -> dict[str, Any]:
             "description": c.description, "has_password": bool(c.password)}
 
 
-@connections.get("", response=list[ConnectionOut])
+@connections.get("", response={**ERRORS, 200: list[ConnectionOut]})
 @paginate(LimitOffsetPagination)
 def list_connections(request: HttpRequest) -> Any:
     from pipelines.models import Connection
@@ -461,7 +481,7 @@ def list_connections(request: HttpRequest) -> Any:
     return [_connection_out(c) for c in Connection.objects.order_by("name")]
 
 
-@connections.put("/{name}", response=ConnectionOut, throttle=writes)
+@connections.put("/{name}", response={**ERRORS, 200: ConnectionOut}, throttle=writes)
 def put_connection(request: HttpRequest, name: str, body: ConnectionIn) -> Any:
     """Create or update a connection; its password is write-only (omitted: kept)."""
     from pipelines import actions
@@ -515,7 +535,7 @@ def _running(run: Any, what: str) -> None:
         raise HttpError(409, f"run {run.pk} is {run.status}; {what} only while it is running")
 
 
-@runs.get("", response=list[RunOut])
+@runs.get("", response={**ERRORS, 200: list[RunOut]})
 @paginate(LimitOffsetPagination)
 def list_runs(request: HttpRequest, status: str | None = None) -> Any:
     from pipelines.models import Run
@@ -527,13 +547,13 @@ def list_runs(request: HttpRequest, status: str | None = None) -> Any:
     return [_run_out(r) for r in query]
 
 
-@runs.get("/{int:run_id}", response=RunOut)
+@runs.get("/{run_id}", response={**ERRORS, 200: RunOut})
 def get_run(request: HttpRequest, run_id: int) -> Any:
     _require(request, "pipelines.view_run")
     return _run_out(_get_run(run_id))
 
 
-@runs.post("", response={201: RunOut}, throttle=writes)
+@runs.post("", response={**ERRORS, 201: RunOut}, throttle=writes)
 def start_run(request: HttpRequest, body: RunIn) -> Any:
     from control.models import Policy
     from pipelines import actions
@@ -554,7 +574,7 @@ def start_run(request: HttpRequest, body: RunIn) -> Any:
     return Status(201, _run_out(_get_run(run.pk)))
 
 
-@runs.post("/{int:run_id}/stop", response={202: Accepted}, throttle=writes)
+@runs.post("/{run_id}/stop", response={**ERRORS, 202: Accepted}, throttle=writes)
 def stop_run(request: HttpRequest, run_id: int) -> Any:
     from pipelines import actions
 
@@ -567,7 +587,7 @@ def stop_run(request: HttpRequest, run_id: int) -> Any:
     return Status(202, {"ok": True, "message": f"stop requested for run {run.pk}"})
 
 
-@runs.post("/{int:run_id}/workers", response={202: Accepted}, throttle=writes)
+@runs.post("/{run_id}/workers", response={**ERRORS, 202: Accepted}, throttle=writes)
 def set_workers(request: HttpRequest, run_id: int, body: WorkersIn) -> Any:
     from pipelines import actions
     from pipelines.forms import WorkersForm
@@ -584,7 +604,7 @@ def set_workers(request: HttpRequest, run_id: int, body: WorkersIn) -> Any:
                                         f"{form.cleaned_data['workers']} workers"})
 
 
-@runs.post("/{int:run_id}/rebalance", response={202: Accepted}, throttle=writes)
+@runs.post("/{run_id}/rebalance", response={**ERRORS, 202: Accepted}, throttle=writes)
 def rebalance(request: HttpRequest, run_id: int, body: RebalanceIn) -> Any:
     from pipelines import actions
     from pipelines.forms import RebalanceForm
@@ -601,7 +621,7 @@ def rebalance(request: HttpRequest, run_id: int, body: RebalanceIn) -> Any:
     return Status(202, {"ok": True, "message": f"asked run {run.pk} to rebalance"})
 
 
-@runs.post("/{int:run_id}/move-groups", response={202: Accepted}, throttle=writes)
+@runs.post("/{run_id}/move-groups", response={**ERRORS, 202: Accepted}, throttle=writes)
 def move_groups(request: HttpRequest, run_id: int, body: MoveIn) -> Any:
     from pipelines import actions
     from pipelines.forms import MoveGroupsForm
@@ -622,7 +642,7 @@ def move_groups(request: HttpRequest, run_id: int, body: MoveIn) -> Any:
                                         "key groups"})
 
 
-@runs.post("/{int:run_id}/replan", response={202: Accepted}, throttle=writes)
+@runs.post("/{run_id}/replan", response={**ERRORS, 202: Accepted}, throttle=writes)
 def replan(request: HttpRequest, run_id: int, body: ReplanIn) -> Any:
     from pipelines import actions
     from pipelines.forms import ReplanForm
@@ -642,7 +662,7 @@ def replan(request: HttpRequest, run_id: int, body: ReplanIn) -> Any:
     return Status(202, {"ok": True, "message": f"asked run {run.pk} to re-plan"})
 
 
-@runs.post("/{int:run_id}/plan", response={202: Accepted}, throttle=writes)
+@runs.post("/{run_id}/plan", response={**ERRORS, 202: Accepted}, throttle=writes)
 def apply_plan(request: HttpRequest, run_id: int, body: PlanIn) -> Any:
     """Apply a grouping of the run's Python operators (as the plan page's Apply)."""
     from pipelines import actions
@@ -660,7 +680,7 @@ def apply_plan(request: HttpRequest, run_id: int, body: PlanIn) -> Any:
     return Status(202, {"ok": True, "message": f"asked run {run.pk} to apply the plan"})
 
 
-@runs.post("/{int:run_id}/dry-run", response=Accepted, throttle=writes)
+@runs.post("/{run_id}/dry-run", response={**ERRORS, 200: Accepted}, throttle=writes)
 def dry_run(request: HttpRequest, run_id: int, body: DryRunIn) -> Any:
     from control import ticks
 
@@ -670,7 +690,7 @@ def dry_run(request: HttpRequest, run_id: int, body: DryRunIn) -> Any:
     return {"ok": True, "message": f"run {run.pk}: dry run {'on' if body.on else 'off'}"}
 
 
-@runs.post("/{int:run_id}/verify", response={202: Accepted, 409: Accepted}, throttle=writes)
+@runs.post("/{run_id}/verify", response={**ERRORS, 202: Accepted, 409: Accepted}, throttle=writes)
 def verify(request: HttpRequest, run_id: int) -> Any:
     from pipelines import actions
 
@@ -680,7 +700,7 @@ def verify(request: HttpRequest, run_id: int) -> Any:
     return Status((202 if queued else 409), {"ok": queued, "message": message})
 
 
-@runs.post("/{int:run_id}/policy-version", response={200: Accepted, 409: Accepted},
+@runs.post("/{run_id}/policy-version", response={**ERRORS, 200: Accepted, 409: Accepted},
            throttle=writes)
 def switch_policy_version(request: HttpRequest, run_id: int, body: PolicyVersionIn) -> Any:
     from control import policies as policy_actions
@@ -691,21 +711,21 @@ def switch_policy_version(request: HttpRequest, run_id: int, body: PolicyVersion
     return Status((200 if ok else 409), {"ok": ok, "message": message})
 
 
-@runs.get("/{int:run_id}/decisions", response=list[DecisionOut])
+@runs.get("/{run_id}/decisions", response={**ERRORS, 200: list[DecisionOut]})
 @paginate(LimitOffsetPagination)
 def decisions(request: HttpRequest, run_id: int) -> Any:
     _require(request, "pipelines.view_run")
     return list(_get_run(run_id).decisions.order_by("-step"))
 
 
-@runs.get("/{int:run_id}/events", response=list[EventOut])
+@runs.get("/{run_id}/events", response={**ERRORS, 200: list[EventOut]})
 @paginate(LimitOffsetPagination)
 def events(request: HttpRequest, run_id: int) -> Any:
     _require(request, "pipelines.view_run")
     return list(_get_run(run_id).events.order_by("-at", "-pk"))
 
 
-@runs.get("/{int:run_id}/metrics", response=list[MetricOut])
+@runs.get("/{run_id}/metrics", response={**ERRORS, 200: list[MetricOut]})
 def metrics(request: HttpRequest, run_id: int, since: dt.datetime | None = None,
             until: dt.datetime | None = None,
             bucket_s: float = Query(10.0, ge=1.0, le=86_400.0)) -> Any:
@@ -749,7 +769,7 @@ def metrics(request: HttpRequest, run_id: int, since: dt.datetime | None = None,
 misc = Router(tags=["audit and cluster"])
 
 
-@misc.get("/audit", response=list[AuditOut])
+@misc.get("/audit", response={**ERRORS, 200: list[AuditOut]})
 @paginate(LimitOffsetPagination)
 def audit_entries(request: HttpRequest, actor: str | None = None,
                   target_type: str | None = None) -> Any:
@@ -764,7 +784,7 @@ def audit_entries(request: HttpRequest, actor: str | None = None,
     return list(query)
 
 
-@misc.get("/cluster", response=ClusterOut)
+@misc.get("/cluster", response={**ERRORS, 200: ClusterOut})
 def cluster(request: HttpRequest) -> Any:
     from dataclasses import asdict
 

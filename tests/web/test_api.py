@@ -3,6 +3,7 @@ on every endpoint, JSON errors with field paths, the same actions as the pages."
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.test import Client
@@ -66,7 +67,7 @@ def test_a_token_acts_with_its_users_role_and_errors_name_their_fields() -> None
     refused = view.post("/api/v1/pipelines", json.dumps(
         {"name": "v", "definition": SMALL_DEFINITION}), content_type="application/json")
     assert refused.status_code == 403 and "pipelines.add_pipeline" in refused.json()["detail"]
-    assert view.get("/api/v1/audit").status_code == 403  # admins read the audit
+    assert view.get("/api/v1/audit").status_code == 403  # as on the pages: not viewers
 
     stored.revoke(operator)
     assert op.get("/api/v1/pipelines").status_code == 401  # revoked
@@ -137,3 +138,91 @@ def test_tokens_are_made_shown_once_and_revoked_on_their_page() -> None:
     boss.post(f"/account/tokens/{token.pk}/revoke/")
     assert not ApiToken.objects.get(pk=token.pk).active
     assert bearer.get("/api/v1/runs").status_code == 401
+
+
+def _api_calls(run_id: int) -> list[tuple[str, str, dict | None, dict[str, set[int]]]]:
+    """(method, path, body, statuses per who) for every operation of the API."""
+    read = {"none": {403}, "viewer": {200}, "operator": {200}, "admin": {200}}
+    write = {"none": {403}, "viewer": {403}, "operator": {200, 201, 202, 409},
+             "admin": {200, 201, 202, 409}}
+    audit = {"none": {403}, "viewer": {403}, "operator": {200}, "admin": {200}}  # (pages')
+    conn_write = {"none": {403}, "viewer": {403}, "operator": {403}, "admin": {200}}
+    r = run_id
+    policy = {"name": "m-q", "latency_bound_ms": 3000, "power_budget_w": 40}
+    return [
+        ("get", "/api/v1/pipelines", None, read),
+        ("get", "/api/v1/pipelines/m-p", None, read),
+        ("get", "/api/v1/pipelines/m-p/versions", None, read),
+        ("post", "/api/v1/pipelines", {"name": "m-new", "definition": SMALL_DEFINITION},
+         {**write, "admin": {201, 422}}),  # (the operator made it first: a name taken)
+        ("put", "/api/v1/pipelines/m-p", {"description": "changed"}, write),
+        ("get", "/api/v1/policies", None, read),
+        ("get", "/api/v1/policies/m-q", None, read),
+        ("get", "/api/v1/policies/m-q/versions", None, read),
+        ("post", "/api/v1/policies", {**policy, "name": "m-q2"},
+         {**write, "admin": {201, 422}}),
+        ("put", "/api/v1/policies/m-q", policy, write),
+        ("get", "/api/v1/connections", None, read),
+        ("put", "/api/v1/connections/m-c", {"name": "m-c", "kind": "redis",
+                                            "url": "redis://127.0.0.1:6399/1"}, conn_write),
+        ("get", "/api/v1/runs", None, read),
+        ("get", f"/api/v1/runs/{r}", None, read),
+        ("get", f"/api/v1/runs/{r}/decisions", None, read),
+        ("get", f"/api/v1/runs/{r}/events", None, read),
+        ("get", f"/api/v1/runs/{r}/metrics", None, read),
+        ("post", "/api/v1/runs", {"pipeline": "m-p", "policy": "m-q"}, write),
+        ("post", f"/api/v1/runs/{r}/workers", {"workers": 1}, write),
+        ("post", f"/api/v1/runs/{r}/rebalance", {}, write),
+        ("post", f"/api/v1/runs/{r}/move-groups", {"groups": [0], "executor": "0"},
+         {**write, "operator": {409, 422}, "admin": {409, 422}}),  # (no executor yet)
+        ("post", f"/api/v1/runs/{r}/replan", {"key_groups": 8}, write),
+        ("post", f"/api/v1/runs/{r}/plan", {"plan": {}},
+         {**write, "operator": {409, 422}, "admin": {409, 422}}),
+        ("post", f"/api/v1/runs/{r}/dry-run", {"on": True}, write),
+        ("post", f"/api/v1/runs/{r}/verify", None, write),
+        ("post", f"/api/v1/runs/{r}/policy-version", {"version": 1}, write),
+        ("post", f"/api/v1/runs/{r}/stop", None, write),
+        ("get", "/api/v1/audit", None, audit),
+        ("get", "/api/v1/cluster", None, read),
+    ]
+
+
+@pytest.mark.django_db
+def test_every_api_operation_allows_exactly_the_roles_that_may_use_it(monkeypatch) -> None:
+    """The permission matrix of the pages, on the API: every operation x no token, a
+    revoked token, a user in no role, viewer, operator, admin."""
+    from api.models import ApiToken
+    from control.models import Policy
+    from pipelines import actions
+    from pipelines.models import Pipeline
+
+    monkeypatch.setattr("pipelines.actions.enqueue", lambda *a, **k: None)
+    owner = _user("m-owner", "admin")
+    pipeline = actions.save_pipeline(Pipeline(name="m-p", definition=SMALL_DEFINITION), owner)
+    policy = Policy.objects.create(name="m-q", latency_bound_ms=3000, power_budget_w=40,
+                                   min_workers=1, initial_workers=1, max_workers=2)
+    run = actions.create_run(pipeline, policy, owner)
+    clients = {who: _client(_user(f"m-{who}", None if who == "none" else who))[0]
+               for who in ("none", "viewer", "operator", "admin")}
+    revoked_user = _user("m-revoked", "admin")
+    revoked, _ = _client(revoked_user)
+    ApiToken.objects.get(user=revoked_user).revoke(revoked_user)
+    wrong = []
+    calls = _api_calls(run.pk)
+    covered = {(m.upper(), p) for m, p, _b, _e in calls}
+    for method, path, body, expected in calls:
+        for who, client in [("anonymous", Client()), ("revoked", revoked),
+                            *clients.items()]:
+            kwargs = {"data": json.dumps(body), "content_type": "application/json"} \
+                if body is not None else {}
+            status = getattr(client, method)(path, **kwargs).status_code
+            want = expected.get(who, {401})
+            if status not in want:
+                wrong.append(f"{who} {method.upper()} {path}: {status}, expected {want}")
+    assert not wrong, "\n".join(wrong)
+    # ... and the matrix covers every operation the schema lists.
+    schema = Client().get("/api/v1/openapi.json").json()
+    listed = {(m.upper(), p.replace("{run_id}", str(run.pk)).replace("{name}", "X"))
+              for p, ops in schema["paths"].items() for m in ops}
+    names = {(m, re.sub(r"/m-[a-z0-9]+", "/X", p)) for m, p in covered}
+    assert listed <= names, listed - names
