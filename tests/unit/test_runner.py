@@ -218,3 +218,21 @@ def test_a_failing_operators_traceback_puts_the_users_frames_first() -> None:
     assert text.endswith(spark_says)  # Spark's whole account after it
     assert query_failure("Job aborted: executor lost") == \
         "streaming query ended: Job aborted: executor lost"
+
+
+def test_the_cluster_follows_its_master_ui_to_the_port_it_bound(tmp_path) -> None:
+    """A free port found, then taken by another process before the master bound it:
+    the master moves on (Spark's port retry) and its log says where; the cluster's
+    readiness check asks there (as in a CI run on 2026-12-07, where it asked the
+    taken port for 60 s)."""
+    from pipelines.runtime.cluster.standalone import bound_ui_port
+
+    log = tmp_path / "master.log"
+    assert bound_ui_port(log) is None
+    log.write_text(
+        "26/12/07 03:25:31 INFO JettyUtils: Start Jetty 127.0.0.1:36473 for MasterUI\n"
+        "26/12/07 03:25:31 WARN Utils: Service 'MasterUI' could not bind on port 36473. "
+        "Attempting port 36474.\n"
+        "26/12/07 03:25:31 INFO Utils: Successfully started service 'MasterUI' on port "
+        "36474.\n")
+    assert bound_ui_port(log) == 36474

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import secrets
 import socket
@@ -37,7 +38,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pyspark
@@ -210,6 +211,12 @@ def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
                 stop(info)
                 raise ClusterError(f"Spark {name} exited with code {proc.returncode}; "
                                    f"see {workdir / (name + '.log')}")
+        bound = bound_ui_port(workdir / "master.log")
+        if bound is not None and bound != web_port:
+            # Another process took the free port between our look and the master's
+            # bind; the master moved on to the next one (Spark's port retry), and
+            # whatever holds ours would never list our worker.
+            info = replace(info, master_web=f"http://{host}:{bound}")
         try:
             ready = master_json(info.master_web)
             if not local_worker or any(w.get("state") == "ALIVE" for w in ready["workers"]):
@@ -220,6 +227,18 @@ def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
         time.sleep(0.5)
     stop(info)
     raise ClusterError(f"Spark cluster not ready after {timeout_s:.0f}s; see {workdir}")
+
+
+_UI_STARTED = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
+
+
+def bound_ui_port(master_log: Path) -> int | None:
+    """The port the master's web UI bound, as its log says (None before it says)."""
+    try:
+        found = _UI_STARTED.search(master_log.read_text(errors="replace"))
+    except OSError:
+        return None
+    return int(found.group(1)) if found else None
 
 
 def start_worker(workdir: Path, master_url: str, host: str, cores: int = 1,
