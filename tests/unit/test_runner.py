@@ -229,10 +229,14 @@ def test_the_cluster_follows_its_master_ui_to_the_port_it_bound(tmp_path) -> Non
 
     log = tmp_path / "master.log"
     assert bound_ui_port(log) is None
-    log.write_text(
+    earlier = "26/12/07 01:27:51 INFO Utils: Successfully started service 'MasterUI' on port 56077.\n"
+    log.write_text(earlier)  # (a master of an earlier run: the log is appended to)
+    assert bound_ui_port(log, len(earlier)) is None
+    with open(log, "a") as f:
+        f.write(
         "26/12/07 03:25:31 INFO JettyUtils: Start Jetty 127.0.0.1:36473 for MasterUI\n"
         "26/12/07 03:25:31 WARN Utils: Service 'MasterUI' could not bind on port 36473. "
         "Attempting port 36474.\n"
         "26/12/07 03:25:31 INFO Utils: Successfully started service 'MasterUI' on port "
         "36474.\n")
-    assert bound_ui_port(log) == 36474
+    assert bound_ui_port(log, len(earlier)) == 36474

@@ -186,6 +186,7 @@ def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
     secret_path = ensure_secret(workdir)
     props = str(_daemon_properties(workdir, secret_path))
     env = _daemon_env(workdir, host)
+    log_from = _size(workdir / "master.log")  # (appended to, run after run)
     master = _spawn([_spark_class(), "org.apache.spark.deploy.master.Master", "--host", host,
                      "--port", str(port), "--webui-port", str(web_port),
                      "--properties-file", props], workdir / "master.log", env)
@@ -211,12 +212,11 @@ def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
                 stop(info)
                 raise ClusterError(f"Spark {name} exited with code {proc.returncode}; "
                                    f"see {workdir / (name + '.log')}")
-        bound = bound_ui_port(workdir / "master.log")
-        if bound is not None and bound != web_port:
-            # Another process took the free port between our look and the master's
-            # bind; the master moved on to the next one (Spark's port retry), and
-            # whatever holds ours would never list our worker.
-            info = replace(info, master_web=f"http://{host}:{bound}")
+        # Another process may take the free port between our look and the master's
+        # bind: the master then moves on to the next one (Spark's port retry), and
+        # whatever holds ours would never list our worker.
+        bound = bound_ui_port(workdir / "master.log", log_from) or web_port
+        info = replace(info, master_web=f"http://{host}:{bound}")
         try:
             ready = master_json(info.master_web)
             if not local_worker or any(w.get("state") == "ALIVE" for w in ready["workers"]):
@@ -232,10 +232,20 @@ def start(workdir: Path, worker_cores: int = 8, worker_memory: str = "8g",
 _UI_STARTED = re.compile(r"Successfully started service 'MasterUI' on port (\d+)")
 
 
-def bound_ui_port(master_log: Path) -> int | None:
-    """The port the master's web UI bound, as its log says (None before it says)."""
+def _size(path: Path) -> int:
     try:
-        found = _UI_STARTED.search(master_log.read_text(errors="replace"))
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def bound_ui_port(master_log: Path, offset: int = 0) -> int | None:
+    """The port the master's web UI bound, as its log says after ``offset`` (where this
+    master's lines begin; None before it says)."""
+    try:
+        with open(master_log, "rb") as f:
+            f.seek(offset)
+            found = _UI_STARTED.search(f.read().decode(errors="replace"))
     except OSError:
         return None
     return int(found.group(1)) if found else None
