@@ -300,6 +300,11 @@ class Reconfigurer:
         before = self.runner.executors_now()
         if mode == "kill":
             return self._set_workers_spark_default(n, before, started)
+        if self.keyed_state and n != len(before) and None in self.routing.snapshot():
+            # Spark places the groups in the first batch (RoutingTable.adopt): until
+            # then there is no placement to plan a migration from.
+            return False, ("the query has not placed its key groups yet (no batch has "
+                           "run): ask again after its first batch"), {}
         if not self.keyed_state:
             plan = self._scale_stateless(n, before)
         elif n > len(before):
