@@ -24,6 +24,8 @@ from ninja.pagination import LimitOffsetPagination, paginate
 from ninja.security import HttpBearer
 from ninja.throttling import AuthRateThrottle
 
+from api.documents import POLICY_FIELDS, PolicyEntry
+
 WRITE_RATE = "120/min"
 
 
@@ -130,20 +132,8 @@ class PolicyOut(Schema):
     alert_webhook: str
 
 
-class PolicyIn(Schema):
-    name: str = Field(min_length=1, max_length=100)
-    description: str = ""
-    latency_bound_ms: float
-    throughput_floor_rps: float = 0.0
-    power_budget_w: float
-    control_step_s: float | None = None
-    min_workers: int | None = None
-    initial_workers: int | None = None
-    max_workers: int | None = None
-    strategy: str | None = None
-    strategy_params: dict[str, Any] = Field(default_factory=dict)
-    violation_steps: int | None = None
-    alert_webhook: str = ""
+# A policy as a client gives it: the document's own entry (api/documents.py).
+PolicyIn = PolicyEntry
 
 
 class ConnectionOut(Schema):
@@ -386,10 +376,6 @@ def pipeline_versions(request: HttpRequest, name: str) -> Any:
 
 # ------------------------------------------------------------------------ policies
 policies = Router(tags=["policies"])
-POLICY_FIELDS = ("description", "latency_bound_ms", "throughput_floor_rps", "power_budget_w",
-                 "control_step_s", "min_workers", "initial_workers", "max_workers",
-                 "strategy", "strategy_params", "violation_steps", "alert_webhook")
-
 
 def _policy_out(p: Any) -> dict[str, Any]:
     return {"name": p.name, "version": p.version, **{f: getattr(p, f) for f in POLICY_FIELDS}}
@@ -411,7 +397,7 @@ def _save_policy(request: HttpRequest, existing: Any, body: PolicyIn) -> Any:
 
     base = {f: getattr(existing, f) for f in POLICY_FIELDS} if existing else {
         f: Policy._meta.get_field(f).get_default() for f in POLICY_FIELDS}
-    data = {**base, **body.dict(exclude_none=True), "name": body.name}
+    data = {**base, **body.model_dump(exclude_none=True), "name": body.name}
     data["strategy_params"] = json.dumps(data.get("strategy_params") or {})
     form = PolicyForm({k: ("" if v is None else v) for k, v in data.items()},
                       instance=existing)
@@ -493,7 +479,7 @@ def put_connection(request: HttpRequest, name: str, body: ConnectionIn) -> Any:
              "pipelines.add_connection")
     if body.name != name:
         raise Problem(["body", "name"], "must be the name in the path")
-    data = body.dict()
+    data = body.model_dump()
     if data["password"] is None:
         data["password"] = ""  # (the form keeps the saved one when left blank)
     form = ConnectionForm(data, instance=existing)
@@ -594,7 +580,7 @@ def set_workers(request: HttpRequest, run_id: int, body: WorkersIn) -> Any:
 
     _require(request, "pipelines.change_run")
     run = _get_run(run_id)
-    form = WorkersForm(body.dict(), policy=run.policy_in_force)
+    form = WorkersForm(body.model_dump(), policy=run.policy_in_force)
     _check_form(form, ["body"])
     _running(run, "workers can change")
     with transaction.atomic():
@@ -611,7 +597,7 @@ def rebalance(request: HttpRequest, run_id: int, body: RebalanceIn) -> Any:
 
     _require(request, "pipelines.change_run")
     run = _get_run(run_id)
-    form = RebalanceForm(body.dict())
+    form = RebalanceForm(body.model_dump())
     _check_form(form, ["body"])
     _running(run, "it can be rebalanced")
     data = form.cleaned_data
@@ -650,7 +636,7 @@ def replan(request: HttpRequest, run_id: int, body: ReplanIn) -> Any:
 
     _require(request, "pipelines.change_run")
     run = _get_run(run_id)
-    form = ReplanForm(body.dict())
+    form = ReplanForm(body.model_dump())
     _check_form(form, ["body"])
     refusal = replan_refusal(run)
     if refusal:
