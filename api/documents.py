@@ -150,9 +150,9 @@ def _form_errors(prefix: str, form: Any) -> list[str]:
             for name, messages in form.errors.items() for message in messages]
 
 
-def _definition_path(path: str) -> str:
+def definition_path(path: str) -> str:
     """A definition error's path without the node ids it names (``nodes[3] (q).left``
-    -> ``nodes[3].left``)."""
+    -> ``nodes[3].left``): a document's and the API's."""
     return re.sub(r" \([A-Za-z_][A-Za-z0-9_]*\)", "", path)
 
 
@@ -224,7 +224,7 @@ def _pipelines(doc: Document, user: Any, errors: list[str]) -> list[Change]:
         try:
             pdef.validate(entry.definition)
         except pdef.DefinitionError as exc:
-            path = _definition_path(exc.path)
+            path = definition_path(exc.path)
             errors.append(f"{where}.definition{'.' + path if path else ''}: {exc.message}")
             continue
         existing = Pipeline.objects.filter(name=entry.name).first()
@@ -249,8 +249,21 @@ def _pipelines(doc: Document, user: Any, errors: list[str]) -> list[Change]:
     return changes
 
 
-def _policies(doc: Document, user: Any, errors: list[str]) -> list[Change]:
+def policy_form(entry: PolicyEntry, existing: Any) -> Any:
+    """The Policies page's form for ``entry`` (the API's and a document's): fields left
+    out keep their value, or the model's default for a new policy."""
     from control.forms import PolicyForm
+    from control.models import Policy
+
+    base = {f: getattr(existing, f) for f in POLICY_FIELDS} if existing else {
+        f: Policy._meta.get_field(f).get_default() for f in POLICY_FIELDS}
+    data = {**base, **entry.model_dump(exclude_none=True), "name": entry.name}
+    data["strategy_params"] = json.dumps(data.get("strategy_params") or {})
+    return PolicyForm({k: ("" if v is None else v) for k, v in data.items()},
+                      instance=existing)
+
+
+def _policies(doc: Document, user: Any, errors: list[str]) -> list[Change]:
     from control.models import Policy
     from control.policies import save_policy
 
@@ -258,15 +271,8 @@ def _policies(doc: Document, user: Any, errors: list[str]) -> list[Change]:
     for i, entry in enumerate(doc.policies):
         where = f"policies[{i}]"
         existing = Policy.objects.filter(name=entry.name).first()
-        given = entry.model_dump(exclude_none=True)
-        # Fields left out keep the model's defaults (a new policy) or their value.
-        base = {f: getattr(existing, f) for f in POLICY_FIELDS} if existing else {
-            f: Policy._meta.get_field(f).get_default() for f in POLICY_FIELDS}
-        data = {**base, **given, "name": entry.name}
-        data["strategy_params"] = json.dumps(data.get("strategy_params") or {})
-        data = {k: ("" if v is None else v) for k, v in data.items()}
-        before = dict(base) if existing else {}
-        form = PolicyForm(data, instance=existing)
+        before = {f: getattr(existing, f) for f in POLICY_FIELDS} if existing else {}
+        form = policy_form(entry, existing)
         if not form.is_valid():
             errors.extend(_form_errors(where, form))
             continue

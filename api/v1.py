@@ -24,7 +24,7 @@ from ninja.pagination import LimitOffsetPagination, paginate
 from ninja.security import HttpBearer
 from ninja.throttling import AuthRateThrottle
 
-from api.documents import POLICY_FIELDS, PolicyEntry
+from api.documents import POLICY_FIELDS, PolicyEntry, definition_path, policy_form
 
 WRITE_RATE = "120/min"
 
@@ -77,7 +77,7 @@ def _check_form(form: Any, where: list[Any]) -> None:
 def _definition_loc(path: str) -> list[Any]:
     """``nodes[3] (joined).left`` -> ["nodes", 3, "left"]."""
     loc: list[Any] = []
-    for part in re.sub(r" \([A-Za-z_][A-Za-z0-9_]*\)", "", path).split("."):
+    for part in definition_path(path).split("."):
         m = re.fullmatch(r"([^\[]*)((?:\[\d+\])*)", part)
         if m is None:
             loc.append(part)
@@ -391,16 +391,9 @@ def _get_policy(name: str) -> Any:
 
 
 def _save_policy(request: HttpRequest, existing: Any, body: PolicyIn) -> Any:
-    from control.forms import PolicyForm
-    from control.models import Policy
     from control.policies import save_policy
 
-    base = {f: getattr(existing, f) for f in POLICY_FIELDS} if existing else {
-        f: Policy._meta.get_field(f).get_default() for f in POLICY_FIELDS}
-    data = {**base, **body.model_dump(exclude_none=True), "name": body.name}
-    data["strategy_params"] = json.dumps(data.get("strategy_params") or {})
-    form = PolicyForm({k: ("" if v is None else v) for k, v in data.items()},
-                      instance=existing)
+    form = policy_form(body, existing)
     _check_form(form, ["body"])
     saved = save_policy(form.save(commit=False), request.user)
     saved.refresh_from_db()

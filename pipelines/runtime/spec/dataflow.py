@@ -737,7 +737,7 @@ def _sink(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str,
 
 def _python(doc: dict[str, Any], path: str, inputs: list[Node]) -> tuple[dict[str, Any], Columns]:
     """An installed Python operator (the product's catalogue or an operator package's,
-    ``operators/packages.py``), by name, with its integer parameters; it keeps its
+    ``operators/packages.py``), by name, with its declared parameters; it keeps its
     input's columns and appends its own."""
     from pipelines.runtime.operators import catalogue as pyops
     from pipelines.runtime.operators import packages
