@@ -21,6 +21,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Users' passwords hashed cheaply (webapp/settings.py says why), in this process and in
+# the live stack's, which logs in the users this one makes.
+os.environ["STREAMWISE_TEST_CHEAP_PASSWORD_HASHER"] = "1"
+
 
 # make test's two lanes (.ci/test.sh) should end together. The dbless tests alone are
 # about as long as the database tests (PostgreSQL, then SQLite): these dbless files
@@ -109,6 +113,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # theirs): a reconciler pass run in-process would otherwise start one that no
     # test stops and that outlives the suite.
     settings.STANDBY_RUNNERS = 0
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 # Where the Spark tests' time went: per test, its wall time and its harness runs'

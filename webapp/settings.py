@@ -100,6 +100,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
+# The test suite only (tests/conftest.py sets it, for its own process and the live
+# stack's): users' passwords hashed by a cheap hasher, as Django's testing docs advise.
+# PBKDF2's 1,000,000 rounds took 0.35-0.5 s of CPU a user or a login, minutes of the
+# suite. Never set it in a deployment.
+if os.environ.get("STREAMWISE_TEST_CHEAP_PASSWORD_HASHER") == "1":
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
