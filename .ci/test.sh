@@ -66,7 +66,14 @@ export SECRET_KEY=test-only
 pytest=(.venv/bin/python -m pytest --durations=25)
 
 status=0
-make --no-print-directory lint || status=1  # ruff and the layer contracts (.importlinter)
+# ruff and the layer contracts (.importlinter), beside the tests; their verdict at the end
+make --no-print-directory lint >"$var/lint.log" 2>&1 &
+lint_pid=$!
+lint_verdict() {
+  wait $lint_pid || status=1
+  echo "=== lint"
+  cat "$var/lint.log"
+}
 
 database_lane() {
   export REDIS_URL=$redis_base STREAMWISE_VAR=$var
@@ -113,6 +120,7 @@ if [ "${STREAMWISE_TEST_LANES:-2}" = 1 ]; then
   dbless_lane "$@" || status=1
   alone_pass "$@" || status=1
   cat "$var/class-archive.log"
+  lint_verdict
   exit $status
 fi
 
@@ -147,4 +155,5 @@ else
   alone_pass "$@" || status=1
 fi
 cat "$var/class-archive.log"
+lint_verdict
 exit $status

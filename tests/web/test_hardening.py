@@ -692,7 +692,7 @@ def test_every_form_and_post_answers_random_fields_without_a_500(local_operator)
     client.force_login(local_operator)
     seen: set[str] = set()
 
-    @hsettings(max_examples=600, deadline=None, derandomize=True, database=None,
+    @hsettings(max_examples=300, deadline=None, derandomize=True, database=None,
                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                       HealthCheck.function_scoped_fixture])
     @given(posts(ids))
