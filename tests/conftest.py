@@ -30,9 +30,10 @@ os.environ["STREAMWISE_TEST_CHEAP_PASSWORD_HASHER"] = "1"
 # about as long as the database tests (PostgreSQL, then SQLite): these dbless files
 # run in the database lane's PostgreSQL pass instead (measured one after another at
 # a6fb6e8..4621a36: dbless ~1,100 s, database ~700 s without the closed loop; these
-# two files ~180 s).
+# two files ~180 s). Re-balanced at ci24 (database lane 1,240 s, dbless 1,154 s): the
+# JetStream and files tests (~44 s) back in the dbless lane.
 DATABASE_LANE_FILES = ("test_plan_spark.py", "test_elastic_spark.py",
-                       "test_jetstream_files_spark.py", "test_packages_spark.py")
+                       "test_packages_spark.py")
 
 
 def folder_marker(conftest_file: str, marker: str) -> Callable[[list[pytest.Item]], None]:

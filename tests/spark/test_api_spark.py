@@ -41,6 +41,7 @@ def _scraped_p95(base_url: str, run_id: int) -> float | None:
 @pytest.mark.django_db(transaction=True)
 def test_a_run_from_the_cli_scaled_by_the_api_scraped_and_stopped(live_stack, operator) -> None:
     from api.models import ApiToken
+    from audit.models import AuditEntry
     from pipelines.models import MetricSample, Run
 
     pipeline, policy = make_pipeline_and_policy(operator, "api-spark", max_workers=2)
@@ -60,6 +61,10 @@ def test_a_run_from_the_cli_scaled_by_the_api_scraped_and_stopped(live_stack, op
         wait_for(lambda: Run.objects.get(pk=run.pk).workers == 2, 240, "the second worker")
         requested = run.events.get(kind="reconfigure_requested")
         assert requested.actor == "user:operator" and requested.payload["workers"] == 2
+        # The audit log names the token's user as the scale-up's actor.
+        scaled = AuditEntry.objects.get(action="run.reconfigure_requested",
+                                        target_id=str(run.pk))
+        assert scaled.actor == "user:operator"
         assert run.events.filter(kind="reconfigured", payload__command="set_workers").exists()
 
         def same_sample_p95() -> float | bool:
@@ -77,5 +82,7 @@ def test_a_run_from_the_cli_scaled_by_the_api_scraped_and_stopped(live_stack, op
                      "--timeout", "120", stdout=out)
         assert "is stopped" in out.getvalue()
         assert run.events.get(kind="stop_requested").actor == "user:operator"
+        assert AuditEntry.objects.filter(action="run.stop_requested", target_id=str(run.pk),
+                                         actor="user:operator").exists()
     finally:
         stop_and_wait(run.pk, operator)

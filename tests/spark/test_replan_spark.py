@@ -92,18 +92,18 @@ def test_hft_windows_carry_over_a_migration_and_a_seamless_replan_and_equal_the_
     pure-pandas reference over the whole stream."""
     run = _runner(tmp_path, spark_cluster, HFT, "hft")
     with run:
-        run.wait_batches(5)
+        run.wait_batches(4)
         placement = run.metrics[-1]["placement"]
         a, b = sorted(set(placement))
         moved = run.command("move_groups", timeout_s=300,
                             moves={"0": b if placement[0] == a else a},
                             schedule="all-at-once")
         assert moved["ok"], moved["message"]
-        run.wait_batches(3)
+        run.wait_batches(2)
         ack = _replan(run, 8, "seamless")
-        run.wait_batches(4)
+        run.wait_batches(3)
     # Symbols with a window in progress: every symbol seen (the rarest one's quotes
-    # miss the first 8+ batches with a probability far below 1e-9).
+    # miss the first 6+ batches with a probability far below 1e-9).
     assert ack["snapshot_rows"] >= 0.75 * HFT_SYMBOLS, ack["snapshot_rows"]
     assert {m["generation"] for m in run.metrics} == {0, 1}
     report = verify.verify(definition.validate(HFT), run.t0, run.work / "checkpoint",
