@@ -42,12 +42,15 @@ RAMP: tuple[tuple[float, int], ...] = ((150_000.0, 7), (5_000.0, 30))
 # level left, high short enough not to bury it: until the fit has its batches and at
 # least MIN_CYCLES cycles have passed. Two cycles gave the fit 25 batches here (o 1.15 s,
 # c 14.2 µs; three gave 45 batches, o 1.07 s, c 14.4 µs), and each cycle is 28 s more
-# of every calibration. A climb through ever higher rates (up to 160K/s)
+# of every calibration. Since batches got cheaper (o ~0.65 s), one cycle gives 38
+# batches (o 0.63 s, c 13.5 µs, against two cycles' 50 batches, o 0.70 s, c 14.5 µs,
+# 2026-12-07), three times MIN_FIT_BATCHES; the fit still waits for those where a slow
+# machine has fewer. A climb through ever higher rates (up to 160K/s)
 # and one level held after it did not work on a busy machine: with one core kept busy
 # the climb left a backlog of millions of records, every batch after the warm-up held
 # 300K-1.7M of them, and the intercept (o, 4.6 s) was extrapolated far from any batch.
 ALTERNATE: tuple[tuple[float, int], ...] = ((5_000.0, 20), (80_000.0, 8))
-MIN_CYCLES = 2
+MIN_CYCLES = 1
 ALTERNATIONS = 40
 # A pipeline that reads a Redis stream is calibrated on a scratch stream of its own,
 # which a feeder in this process fills at these rates: no burst (a stream's reader
