@@ -21,8 +21,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Users' passwords hashed cheaply (webapp/settings.py says why), in this process and in
-# the live stack's, which logs in the users this one makes.
+# Users' passwords hashed cheaply (webapp/settings.py says why) in every process the
+# tests start, the live stack's among them, which logs in the users this one makes.
+# This process's own settings may be loaded before this file is (pytest-django loads
+# them as it starts): pytest_configure sets its hashers itself.
 os.environ["STREAMWISE_TEST_CHEAP_PASSWORD_HASHER"] = "1"
 
 

@@ -510,6 +510,7 @@ def test_the_form_lists_a_packages_operators_and_a_pipeline_of_them_runs_and_dra
     wait = WebDriverWait(browser, 240, poll_frequency=1,
                          ignored_exceptions=(StaleElementReferenceException,
                                              NoSuchElementException))
+
     def plan_page_ready(d) -> bool:
         d.get(f"{base}/runs/{run.pk}/plan/")
         return bool(d.find_elements(By.ID, "plan-compare"))
@@ -520,13 +521,17 @@ def test_the_form_lists_a_packages_operators_and_a_pipeline_of_them_runs_and_dra
                                                float(n.get_attribute("data-cpu-us") or 0))
                 for n in d.find_elements(By.CSS_SELECTOR, "#plan-dag .plan-node[data-pe]")}
 
+    def profiled(d) -> dict[str, float]:
+        """Each operator's measured µs a row, once the plan page has all three."""
+        drawn = drawn_pes(d) if plan_page_ready(d) else {}
+        costs = {node: cpu for node, (_pe, cpu) in drawn.items()}
+        return costs if len(costs) == 3 and all(costs.values()) else {}
+
     try:
         # Past the start-up backlog: the profile is of batches at the source's rate.
         wait.until(lambda d: d.execute_script("return window.__streamwise.points") >= 8)
         browser.find_element(By.ID, "optimise-plan").click()
-        wait.until(lambda d: plan_page_ready(d) and len(drawn_pes(d)) == 3
-                   and all(cpu > 0 for _pe, cpu in drawn_pes(d).values()))
-        costs = {node: cpu for node, (_pe, cpu) in drawn_pes(browser).items()}
+        costs = wait.until(profiled)
         assert max(costs, key=costs.get) == "receipt", costs
         current = json.loads(browser.find_element(By.ID, "plan-current")
                              .get_attribute("data-pes"))

@@ -244,7 +244,7 @@ def test_nexmark_q5_from_a_redis_stream_into_postgres_through_scale_up_rebalance
             replan = run.command("replan", timeout_s=600, key_groups=8, scheme="seamless")
             assert replan["ok"], replan["message"]
             assert replan["snapshot_rows"] > 0  # the horizon's entries replayed
-            assert replan["state_built_in"] == "application"
+            assert replan["state_built_in"] == "application" and replan["seed_s"] is None
             run.wait_until(lambda: any(m["generation"] == 1 and m["output_rows"]
                                        for m in run.metrics), 240,
                            "the new generation to write windows")
