@@ -80,6 +80,11 @@ database_lane() {
   local rc=0
   echo "=== tests on PostgreSQL (the database tests but the single_pass ones, and the"\
        "database_lane ones)"
+  # No standby for the live stack here: its one run (started, then stopped while it
+  # starts) does not need a warm application, and a standby's warm-up (a driver, an
+  # executor, two micro-batches) would be the pass's costliest start-up. Its Spark
+  # tests run through the harness, on the standby pool (tests/conftest.py).
+  STREAMWISE_TEST_LIVE_STANDBYS=0 \
   DATABASE_URL=${PG_TEST_URL:-postgres://postgres@127.0.0.1:5432/streamwise} \
     "${pytest[@]}" -m "(not single_pass and not dbless or database_lane) and not alone" "$@" \
     || rc=1
