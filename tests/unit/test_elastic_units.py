@@ -242,10 +242,17 @@ def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
     throttled_child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     free_child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
+    others_seen = 0  # most tasks runnable at once beside the two loops and this one
+
     def cpu_shares(seconds: float) -> tuple[float, float]:
+        nonlocal others_seen
         pids = (throttled_child.pid, free_child.pid)
         c0, t0 = [_cpu_seconds(p) for p in pids], time.monotonic()
-        time.sleep(seconds)
+        while time.monotonic() - t0 < seconds:
+            # /proc/loadavg's "running/total": tasks runnable now, these three among them
+            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
+            others_seen = max(others_seen, running - 3)
+            time.sleep(0.05)
         elapsed = time.monotonic() - t0
         return tuple((_cpu_seconds(p) - c) / elapsed for p, c in zip(pids, c0))
 
@@ -255,7 +262,15 @@ def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
                                                period_s=0.02)
         assert throttle.set(1.0) == 1.0
         throttled, free = cpu_shares(3.0)
+        alone = others_seen == 0
         throttle.set(2.0)  # back to f_max: the loop ends and the process runs freely
+        # Both on one core for this check: two loops each on a core of its own get what
+        # that core's other tasks leave them, which differs between the cores under load
+        # (ci30: 0.47 against 0.86 of a core, both free); on the same core they share it
+        # evenly whatever else runs there.
+        core = min(os.sched_getaffinity(0))
+        for pid in (throttled_child.pid, free_child.pid):
+            os.sched_setaffinity(pid, {core})
         after, free_after = cpu_shares(1.0)
         state = Path(f"/proc/{throttled_child.pid}/stat").read_text().rsplit(")", 1)[1] \
             .split()[0]
@@ -264,10 +279,13 @@ def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
         free_child.kill()
     assert throttled <= 0.5 + 0.1, (throttled, free)  # the cap: f/f_max of the wall time
     assert throttled > 0, (throttled, free)
-    if free >= 0.8:
+    # Its share of the free loop's only where nothing else ran: another task on the
+    # throttled loop's core halves what it gets while it runs (a busy loop beside the
+    # test: 0.25 against the free loop's 0.9), where the free loop's core may be its own.
+    if alone and free >= 0.8:
         assert 0.3 <= throttled / free <= 0.7, (throttled, free)
-    if free_after >= 0.8:  # unthrottled: as free as the other
-        assert after / free_after >= 0.7, (after, free_after)
+    # Unthrottled: as free as the loop on the same core (each ~half of it).
+    assert free_after > 0 and after / free_after >= 0.7, (after, free_after)
     assert state != "T"  # never left stopped
 
 
