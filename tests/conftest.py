@@ -263,9 +263,9 @@ def spark_cluster() -> Iterator[Any]:
 
 
 # How many harness runs one standby serves before a fresh one takes over. The dbless
-# lane's pool warmed four standbys for its ~20 runs at 8 (ci28): two it keeps (one
-# lent, one ready), the others replacing standbys lost with their runs (runners the
-# fault tests kill) or retired; each warm-up is a driver, an executor and two batches.
+# lane's pool warmed four standbys for its ~20 runs at 8 (ci28): the first, and
+# replacements for those lost with their runs (runners the fault tests kill) or
+# retired after their 8th; each warm-up is a driver, an executor and two batches.
 STANDBY_RUNS = 12
 
 
