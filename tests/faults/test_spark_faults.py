@@ -37,7 +37,7 @@ COUNT = {"source": {"type": "generator", "seed": 7, "partitions": 2,
                     "keys": {"kind": "zipf", "n": 2000, "s": 0.9}},
          "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count"}],
          "sink": {"type": "latency", "keep_output": True},
-         "key_groups": 4}
+         "key_groups": 2}
 
 
 def _batches(run: RunnerProcess) -> list[int]:

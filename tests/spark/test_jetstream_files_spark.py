@@ -51,7 +51,7 @@ def test_a_jetstream_stream_through_a_scale_up_into_parquet_exactly_once(
            "operators": [{"type": "keyed_aggregate", "key": "key", "agg": "count",
                           "field": "value"}],
            "sink": {"type": "parquet", "path": dataset, "keep_output": True},
-           "key_groups": 4}
+           "key_groups": 2}
     spec = definition.validate(doc)
     feed = feeder.Feed(seed=4, rate={"kind": "constant", "records_per_s": RATE},
                        keys={"kind": "zipf", "n": 300, "s": 1.0}, malformed=MALFORMED)
@@ -138,7 +138,7 @@ def test_a_folder_of_landing_files_through_a_scale_up_is_counted_exactly_once(
                           "field": "value"}],
            "sink": {"type": "redis_stream", "url": redis_url, "stream": sink_stream,
                     "keep_output": True},
-           "key_groups": 4}
+           "key_groups": 2}
     spec = definition.validate(doc)
     source = files.files_source(spec)
     feed = feeder.Feed(seed=6, rate={"kind": "constant", "records_per_s": RATE},

@@ -139,7 +139,7 @@ def test_a_pipeline_modules_keyed_aggregation_scales_one_two_one_with_migration(
            "source": {"type": "generator", "seed": 11, "partitions": 2,
                       "rate": {"kind": "constant", "records_per_s": 600},
                       "keys": {"kind": "zipf", "n": 300, "s": 1.1}},
-           "key_groups": 4, "trigger_ms": 1000}
+           "key_groups": 2, "trigger_ms": 1000}
     spec = definition.validate(doc)
     assert spec.output_mode == "update" and spec.sink_key_columns == ("customer",)
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/14")

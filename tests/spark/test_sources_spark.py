@@ -46,7 +46,7 @@ def _count(url: str, stream: str, table: str) -> dict[str, Any]:
                           {"type": "keyed_aggregate", "key": "key", "agg": "sum",
                            "field": "value"}],
             "sink": {"type": "postgres", "url": PG_URL, "table": table, "keep_output": True},
-            "key_groups": 4}
+            "key_groups": 2}
 
 
 @dataclass
@@ -227,7 +227,7 @@ def test_nexmark_q5_from_a_redis_stream_into_postgres_through_scale_up_rebalance
     url, stream, r = place.url, place.stream, place.r
     r.xadd(stream, {"type": "bid", "note": b"before the run: not read"})
     doc = {**queries.definition(
-        "Q5", RATE, key_groups=4,
+        "Q5", RATE, key_groups=2,
         stream={"type": "redis_stream", "url": url, "stream": stream, "start": "latest"},
         to={"type": "postgres", "url": PG_URL, "table": place.table}), "trigger_ms": 2000}
     spec = definition.validate(doc)
@@ -244,7 +244,7 @@ def test_nexmark_q5_from_a_redis_stream_into_postgres_through_scale_up_rebalance
             run.wait_batches(2)
             _scale_up_rebalance(run)
             run.wait_batches(2)
-            replan = run.command("replan", timeout_s=600, key_groups=8, scheme="seamless")
+            replan = run.command("replan", timeout_s=600, key_groups=4, scheme="seamless")
             assert replan["ok"], replan["message"]
             assert replan["snapshot_rows"] > 0  # the horizon's entries replayed
             assert replan["state_built_in"] == "application" and replan["seed_s"] is None
