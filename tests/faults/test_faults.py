@@ -258,27 +258,33 @@ def test_a_runner_hung_in_its_stop_is_ended_and_the_run_says_so(operator, tmp_pa
 def test_a_run_left_pending_has_its_start_queued_again_then_fails(
         operator, monkeypatch, settings) -> None:
     """A start lost with Redis' queue: the reconciler queues it again, once per period,
-    and gives up with a reason after PENDING_GIVE_UP_S (both shortened in this process
-    only, so the session's own reconciler leaves the run alone). The queue is the one
-    stand-in: a real start would launch Spark."""
-    from django.utils import timezone
+    and gives up with a reason after PENDING_GIVE_UP_S. The reconciler is called with the
+    times to judge at, from the run's creation and the requeue's record (a loaded
+    machine's pauses between real calls must not move a call into the next period). The
+    queue is the one stand-in: a real start would launch Spark."""
+    from datetime import timedelta
 
     from pipelines import tasks
 
-    settings.PENDING_REQUEUE_S, settings.PENDING_GIVE_UP_S = 1.0, 3.0
+    settings.PENDING_REQUEUE_S, settings.PENDING_GIVE_UP_S = 60.0, 600.0
     queued = []
     monkeypatch.setattr(tasks, "enqueue", lambda task, *args: queued.append((task, args)))
     run = _new_run(operator)
     assert run.status == "pending"
-    assert tasks._reconcile_pending(timezone.now()) == 0 and queued == []
-    time.sleep(1.2)
-    assert tasks._reconcile_pending(timezone.now()) == 0
-    assert tasks._reconcile_pending(timezone.now()) == 0  # not again within the period
+    created = run.created_at
+
+    def after(base, seconds: float):
+        return base + timedelta(seconds=seconds)
+
+    assert tasks._reconcile_pending(after(created, 30)) == 0 and queued == []
+    assert tasks._reconcile_pending(after(created, 61)) == 0
     assert queued == [(tasks.Task.START_RUN, (run.pk, "reconciler"))]
     event = run.events.get(kind="start_requeued")
     assert event.actor == "reconciler" and "queued again" in event.message
-    time.sleep(2)
-    assert tasks._reconcile_pending(timezone.now()) == 1
+    # Not again within the period from that requeue; once more after it.
+    assert tasks._reconcile_pending(after(event.at, 59)) == 0 and len(queued) == 1
+    assert tasks._reconcile_pending(after(event.at, 61)) == 0 and len(queued) == 2
+    assert tasks._reconcile_pending(after(created, 601)) == 1
     run.refresh_from_db()
     assert run.status == "failed" and "never started" in run.status_reason
 

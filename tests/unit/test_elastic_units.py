@@ -230,47 +230,42 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
-    """A throttled busy loop runs at most f/f_max of the wall time, and gets ~f/f_max of
-    what a free loop gets beside it when a core is free for each.
+    """A throttled busy loop runs at most f/f_max of the wall time, and gets less than a
+    free loop on the same core while the cap binds; set back to f_max, it gets as much
+    as the free loop.
 
-    Side by side: a throttled loop and a free loop measured over the same seconds, so
-    whatever else loads the machine loads both alike. The throttle stops its loop for
-    1 - f/f_max of each period: that caps its share at f/f_max of a core whatever the
-    load. Under a load that leaves each loop less than that anyway the cap takes nothing
-    away (and a loop waking from its stop gets the scheduler's sleeper credit), so the
-    ratio is asserted only where the free loop had most of a core."""
+    Both loops are pinned to one core for the whole test: on a core of its own, each
+    loop gets what that core's other tasks leave it, which differs between the cores
+    under load (ci30: 0.47 against 0.86 of a core, both free); on the same core, whatever
+    else runs there takes from both alike. The throttle stops its loop for 1 - f/f_max of
+    each period (half, here): while it runs, it shares the core with the free loop;
+    while it is stopped, the free loop has it. With the core to themselves (measured:
+    the two loops got 0.98-1.0 of it) the throttled loop got 0.27-0.34 against the free
+    loop's 0.66-0.73, a ratio of 0.37-0.51 (the higher with other work on the other
+    core, which delays the throttle's own thread). With other tasks on the core the
+    loop gets less than its cap anyway and the cap takes nothing away (three busy loops
+    beside them: 0.19 against 0.20), so the ratio is asserted only where the two loops
+    had most of the core in the same seconds."""
     throttled_child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     free_child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
-    others_seen = 0  # most tasks runnable at once beside the two loops and this one
-
     def cpu_shares(seconds: float) -> tuple[float, float]:
-        nonlocal others_seen
         pids = (throttled_child.pid, free_child.pid)
         c0, t0 = [_cpu_seconds(p) for p in pids], time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            # /proc/loadavg's "running/total": tasks runnable now, these three among them
-            running = int(Path("/proc/loadavg").read_text().split()[3].split("/")[0])
-            others_seen = max(others_seen, running - 3)
-            time.sleep(0.05)
+        time.sleep(seconds)
         elapsed = time.monotonic() - t0
         return tuple((_cpu_seconds(p) - c) / elapsed for p, c in zip(pids, c0))
 
     try:
+        core = min(os.sched_getaffinity(0))
+        for pid in (throttled_child.pid, free_child.pid):
+            os.sched_setaffinity(pid, {core})
         time.sleep(0.3)
         throttle = frequency.DutyCycleThrottle(lambda: [throttled_child.pid], f_max_ghz=2.0,
                                                period_s=0.02)
         assert throttle.set(1.0) == 1.0
         throttled, free = cpu_shares(3.0)
-        alone = others_seen == 0
         throttle.set(2.0)  # back to f_max: the loop ends and the process runs freely
-        # Both on one core for this check: two loops each on a core of its own get what
-        # that core's other tasks leave them, which differs between the cores under load
-        # (ci30: 0.47 against 0.86 of a core, both free); on the same core they share it
-        # evenly whatever else runs there.
-        core = min(os.sched_getaffinity(0))
-        for pid in (throttled_child.pid, free_child.pid):
-            os.sched_setaffinity(pid, {core})
         after, free_after = cpu_shares(1.0)
         state = Path(f"/proc/{throttled_child.pid}/stat").read_text().rsplit(")", 1)[1] \
             .split()[0]
@@ -278,12 +273,9 @@ def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
         throttled_child.kill()
         free_child.kill()
     assert throttled <= 0.5 + 0.1, (throttled, free)  # the cap: f/f_max of the wall time
-    assert throttled > 0, (throttled, free)
-    # Its share of the free loop's only where nothing else ran: another task on the
-    # throttled loop's core halves what it gets while it runs (a busy loop beside the
-    # test: 0.25 against the free loop's 0.9), where the free loop's core may be its own.
-    if alone and free >= 0.8:
-        assert 0.3 <= throttled / free <= 0.7, (throttled, free)
+    assert throttled > 0 and free > 0, (throttled, free)
+    if throttled + free >= 0.8:
+        assert throttled / free <= 0.65, (throttled, free)
     # Unthrottled: as free as the loop on the same core (each ~half of it).
     assert free_after > 0 and after / free_after >= 0.7, (after, free_after)
     assert state != "T"  # never left stopped
