@@ -138,6 +138,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    _report_tree_cpu(terminalreporter)
     if not _SPARK_TIME:
         return
     write = terminalreporter.write_line
@@ -159,6 +160,59 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         write(f"{took:7.1f} {name:60} {'; '.join(shown)}")
     write(f"spark tests {total:.0f} s, of which {starts:.0f} s from a harness run's "
           "start to its first batch")
+
+
+# Where a pass's CPU went: per test (set-up to tear-down), the CPU seconds of this
+# process and every process under it (the live stack, the harness's runners and
+# standbys, the Spark cluster and its executors), which the other lane's processes do
+# not touch. The suite's wall time on 2 cores follows its CPU (two lanes and the alone
+# pass keep both busy), so this is the number a cut moves.
+_TREE_CPU: list[tuple[str, float]] = []
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(root: int | None = None) -> float:
+    """CPU seconds of ``root`` and its live descendants, each with its waited-for
+    children's (a process that ended counts in its parent's once reaped)."""
+    root = root or os.getpid()
+    parent_of: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        pid = int(entry.name)
+        parent_of[pid] = int(fields[1])
+        ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent_of.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0, [root]
+    while todo:
+        pid = todo.pop()
+        total += ticks.get(pid, 0)
+        todo.extend(children.get(pid, ()))
+    return total / _TICK
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
+    before = tree_cpu_s()
+    yield
+    _TREE_CPU.append((item.nodeid, tree_cpu_s() - before))
+
+
+def _report_tree_cpu(terminalreporter: Any) -> None:
+    if not _TREE_CPU:
+        return
+    write = terminalreporter.write_line
+    terminalreporter.section("where the CPU went (this process and all under it)")
+    for nodeid, cpu in sorted(_TREE_CPU, key=lambda x: -x[1])[:30]:
+        write(f"{cpu:7.1f} {nodeid}")
+    write(f"tests {sum(c for _n, c in _TREE_CPU):.0f} CPU s in all, {len(_TREE_CPU)} tests")
 
 
 def _flush_retries_a_deadlock() -> None:
