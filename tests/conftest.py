@@ -164,15 +164,22 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 # Where a pass's CPU went: per test (set-up to tear-down), the CPU seconds of this
 # process and every process under it (the live stack, the harness's runners and
-# standbys, the Spark cluster and its executors), which the other lane's processes do
-# not touch. The suite's wall time on 2 cores follows its CPU (two lanes and the alone
-# pass keep both busy), so this is the number a cut moves.
+# standbys), and of every process that has this pass's STREAMWISE_VAR in its
+# environment and whatever is under it (the Spark cluster's daemons, started through
+# nohup and so no longer under this process, and their executors): the other lane's
+# processes are in neither. The suite's wall time on 2 cores follows its CPU (two lanes
+# and the alone pass keep both busy), so this is the number a cut moves. It leaves out
+# the servers every lane shares (PostgreSQL, Redis, NATS), and a process that outlives
+# its parent drops out when it ends (init reaps it: a driver JVM ending a moment after
+# its runner), so a test's figure is a lower bound, and can even come out negative.
+# Alone on a quiet machine these sums came to ~60 % of the machine's busy CPU.
 _TREE_CPU: list[tuple[str, float]] = []
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s(root: int | None = None) -> float:
-    """CPU seconds of ``root`` and its live descendants, each with its waited-for
+def tree_cpu_s(root: int | None = None, marker: str | None = None) -> float:
+    """CPU seconds of ``root``, of each process whose environment holds ``marker``
+    (``NAME=value``), and of all their live descendants, each with its waited-for
     children's (a process that ended counts in its parent's once reaped)."""
     root = root or os.getpid()
     parent_of: dict[int, int] = {}
@@ -190,26 +197,48 @@ def tree_cpu_s(root: int | None = None) -> float:
     children: dict[int, list[int]] = {}
     for pid, ppid in parent_of.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0, [root]
-    while todo:
-        pid = todo.pop()
-        total += ticks.get(pid, 0)
-        todo.extend(children.get(pid, ()))
-    return total / _TICK
+
+    def under(top: int) -> set[int]:
+        found, todo = set(), [top]
+        while todo:
+            pid = todo.pop()
+            if pid not in found:
+                found.add(pid)
+                todo.extend(children.get(pid, ()))
+        return found
+
+    counted = under(root)
+    if marker:
+        wanted = marker.encode()
+        for pid in parent_of:
+            if pid in counted:
+                continue
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if wanted in environ:
+                counted |= under(pid)
+    return sum(ticks.get(pid, 0) for pid in counted) / _TICK
+
+
+def _pass_cpu_s() -> float:
+    var = os.environ.get("STREAMWISE_VAR")
+    return tree_cpu_s(marker=f"STREAMWISE_VAR={var}" if var else None)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
-    before = tree_cpu_s()
+    before = _pass_cpu_s()
     yield
-    _TREE_CPU.append((item.nodeid, tree_cpu_s() - before))
+    _TREE_CPU.append((item.nodeid, _pass_cpu_s() - before))
 
 
 def _report_tree_cpu(terminalreporter: Any) -> None:
     if not _TREE_CPU:
         return
     write = terminalreporter.write_line
-    terminalreporter.section("where the CPU went (this process and all under it)")
+    terminalreporter.section("where the CPU went (this pass's processes: tests/conftest.py)")
     for nodeid, cpu in sorted(_TREE_CPU, key=lambda x: -x[1])[:30]:
         write(f"{cpu:7.1f} {nodeid}")
     write(f"tests {sum(c for _n, c in _TREE_CPU):.0f} CPU s in all, {len(_TREE_CPU)} tests")
