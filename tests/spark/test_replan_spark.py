@@ -69,11 +69,10 @@ def _print_facts(seamless: dict[str, Any], restart: dict[str, Any]) -> None:
 # with 240 for 220 s. With 64 the rarest symbol still gets ~2 quotes/s, so every symbol
 # has a window in progress at the re-plan and windows fire within the first batches.
 # The data-file key distribution is covered by test_multihost (executors that cannot
-# read the file). On a 2 s trigger: back to back, each batch a transformWithState task
-# and Python worker per group, the test used 179 machine CPU s alone against 133, in
-# the same 94 s. (With 2,836 symbols the transfer was long, and on a 4 s trigger its
-# gated transfer got only the gaps the other lane left: the suite was no shorter then,
-# clean clones 02bbc0f against 63d2291, docs/benchmarks.md.)
+# read the file). Batches back to back, its transfer ungated: on a 4 s trigger it used
+# 170 CPU s alone against 279, but in the lanes its gated transfer got only the gaps
+# the other lane left, and the suite was no shorter (clean clones 02bbc0f against
+# 63d2291, docs/benchmarks.md).
 HFT_SYMBOLS = 64
 HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
                   "rate": {"kind": "constant", "records_per_s": 300},
@@ -84,7 +83,7 @@ HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
        # Two groups, one on each executor until the migration moves one: every batch
        # runs a transformWithState task (and its Python worker) a group, and with 4
        # groups (re-planned to 8) the test took 192 CPU s alone against 157.
-       "key_groups": 2, "trigger_ms": 2000}
+       "key_groups": 2}
 
 
 def test_hft_windows_carry_over_a_migration_and_a_seamless_replan_and_equal_the_reference(
