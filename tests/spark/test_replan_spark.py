@@ -72,7 +72,8 @@ def _print_facts(seamless: dict[str, Any], restart: dict[str, Any]) -> None:
 # read the file). Batches back to back, its transfer ungated: on a 4 s trigger it used
 # 170 CPU s alone against 279, but in the lanes its gated transfer got only the gaps
 # the other lane left, and the suite was no shorter (clean clones 02bbc0f against
-# 63d2291, docs/benchmarks.md).
+# 63d2291, docs/benchmarks.md). With 64 symbols, the same again on a 2 s trigger: 133
+# CPU s alone against 179, but 213 and 284 s in the lanes against 206 (ci33-ci35).
 HFT_SYMBOLS = 64
 HFT = {"source": {"type": "generator", "seed": 5, "partitions": 2,
                   "rate": {"kind": "constant", "records_per_s": 300},
