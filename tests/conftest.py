@@ -164,9 +164,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 # Where a pass's CPU went: per test (set-up to tear-down), the CPU seconds of this
 # process and every process under it (the live stack, the harness's runners and
-# standbys), and of every process that has this pass's STREAMWISE_VAR in its
-# environment and whatever is under it (the Spark cluster's daemons, started through
-# nohup and so no longer under this process, and their executors): the other lane's
+# standbys, the Spark cluster and its executors), and of every process that has this
+# pass's STREAMWISE_VAR in its environment and whatever is under it (the live stack's
+# runners, which pipelines/launch.py detaches by a double fork): the other lane's
 # processes are in neither. The suite's wall time on 2 cores follows its CPU (two lanes
 # and the alone pass keep both busy), so this is the number a cut moves. It leaves out
 # the servers every lane shares (PostgreSQL, Redis, NATS), and a process that outlives
@@ -174,57 +174,28 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # its runner), so a test's figure is a lower bound, and can even come out negative.
 # Alone on a quiet machine these sums came to ~60 % of the machine's busy CPU.
 _TREE_CPU: list[tuple[str, float]] = []
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s(root: int | None = None, marker: str | None = None) -> float:
-    """CPU seconds of ``root``, of each process whose environment holds ``marker``
-    (``NAME=value``), and of all their live descendants, each with its waited-for
-    children's (a process that ended counts in its parent's once reaped)."""
-    root = root or os.getpid()
-    parent_of: dict[int, int] = {}
-    ticks: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        pid = int(entry.name)
-        parent_of[pid] = int(fields[1])
-        ticks[pid] = sum(int(f) for f in fields[11:15])  # utime stime cutime cstime
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent_of.items():
-        children.setdefault(ppid, []).append(pid)
+def _pass_cpu_s() -> float:
+    from pipelines.runtime.host import procs
 
-    def under(top: int) -> set[int]:
-        found, todo = set(), [top]
-        while todo:
-            pid = todo.pop()
-            if pid not in found:
-                found.add(pid)
-                todo.extend(children.get(pid, ()))
-        return found
-
-    counted = under(root)
-    if marker:
-        wanted = marker.encode()
-        for pid in parent_of:
+    table = procs.proc_table()
+    counted = set(procs.tree_pids([os.getpid()], table))
+    var = os.environ.get("STREAMWISE_VAR")
+    if var:
+        wanted = f"STREAMWISE_VAR={var}".encode()
+        marked = []
+        for pid in table:
             if pid in counted:
                 continue
             try:
                 environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
+            except OSError:  # ended meanwhile
                 continue
             if wanted in environ:
-                counted |= under(pid)
-    return sum(ticks.get(pid, 0) for pid in counted) / _TICK
-
-
-def _pass_cpu_s() -> float:
-    var = os.environ.get("STREAMWISE_VAR")
-    return tree_cpu_s(marker=f"STREAMWISE_VAR={var}" if var else None)
+                marked.append(pid)
+        counted.update(procs.tree_pids(marked, table))
+    return sum(table[pid][1] for pid in counted)
 
 
 @pytest.hookimpl(hookwrapper=True)
