@@ -36,11 +36,15 @@ def test_customer_totals_over_a_static_frame() -> None:
     orders under min_amount left out, gross rounded half up per order."""
     from pyspark.sql import SparkSession
 
+    from pipelines.runtime.cluster.standalone import jvm_options
     from pipelines.runtime.operators.base import BuildContext
     from streamwise_example_ops.jobs import customer_totals
 
+    # Streamwise's JVM options (C1 only, the serial collector, its class archive): a
+    # test's JVM that lives seconds starts on about half the CPU.
     spark = (SparkSession.builder.master("local[1]").appName("example-ops-test")
              .config("spark.ui.enabled", "false")
+             .config("spark.driver.extraJavaOptions", jvm_options())
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     try:
         orders = spark.createDataFrame(

@@ -49,6 +49,24 @@ from pipelines.runtime.host.secretfile import make_once
 HOST = "127.0.0.1"
 SECRET_FILE = "auth-secret"
 SECRET_ENV = "SPARK_AUTH_SECRET_FILE"
+# The options of every JVM Streamwise starts: the runs' drivers and executors
+# (query.session), the cluster's master and workers, the verifier's local session;
+# ``$STREAMWISE_JVM_OPTIONS`` replaces them (empty: the JVM's defaults). On 2 cores a
+# run's JVMs spent much of their CPU in C2's compiler threads and G1's concurrent
+# threads: with C1 only and the serial collector, two NEXMark runs (Q3, Q5: start,
+# scale-up, rebalance, windows) took 0.79x the time at 76 % CPU against 89 % (twice
+# each, alternating order). A batch here is dominated by its fixed costs, which C2's
+# peak code does not shorten; the master and workers only schedule and relay, and a
+# local session for a check lives seconds, so neither has use for C2 either.
+JVM_OPTIONS_ENV = "STREAMWISE_JVM_OPTIONS"
+DEFAULT_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+
+
+def jvm_options() -> str:
+    """``$STREAMWISE_JVM_OPTIONS`` (default ``DEFAULT_JVM_OPTIONS``) and the class
+    archive's option (``classarchive.jvm_option``), as one string."""
+    return " ".join(filter(None, (os.environ.get(JVM_OPTIONS_ENV, DEFAULT_JVM_OPTIONS).strip(),
+                                  classarchive.jvm_option())))
 
 
 class ClusterError(RuntimeError):
@@ -162,7 +180,7 @@ def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
 
 def _daemon_env(workdir: Path, host: str) -> dict[str, str]:
     daemon_options = " ".join(filter(None, (os.environ.get("SPARK_DAEMON_JAVA_OPTS", ""),
-                                            classarchive.jvm_option())))
+                                            jvm_options())))
     return dict(os.environ, SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=host,
                 SPARK_DAEMON_JAVA_OPTS=daemon_options,
                 SPARK_WORKER_DIR=str(workdir / "work"), SPARK_LOG_DIR=str(workdir / "logs"),

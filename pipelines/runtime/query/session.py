@@ -11,21 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.runtime.spec import definition
-from pipelines.runtime.cluster import classarchive
+from pipelines.runtime.cluster import standalone
 from pipelines.runtime.cluster.standalone import SECRET_ENV, read_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 # The scheduler pools of a live re-plan's generations, by role (replan.pool_for).
 FAIR_POOLS = Path(__file__).with_name("fairscheduler.xml")
 EXECUTOR_WAIT_S = 90.0
-# The driver's and the executors' JVM options; ``$STREAMWISE_JVM_OPTIONS`` replaces
-# them (empty: the JVM's defaults). On 2 cores a run's JVMs spent much of their CPU in
-# C2's compiler threads and G1's concurrent threads: with C1 only and the serial
-# collector, two NEXMark runs (Q3, Q5: start, scale-up, rebalance, windows) took 0.79x
-# the time at 76 % CPU against 89 % (twice each, alternating order). A batch here is
-# dominated by its fixed costs, which C2's peak code does not shorten.
-JVM_OPTIONS_ENV = "STREAMWISE_JVM_OPTIONS"
-DEFAULT_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+# The JVM options of the runs' drivers and executors: standalone.jvm_options().
+JVM_OPTIONS_ENV = standalone.JVM_OPTIONS_ENV
+DEFAULT_JVM_OPTIONS = standalone.DEFAULT_JVM_OPTIONS
 # The executors' Python daemon: PySpark's, with the workers' imports done before it
 # forks them (pydaemon.py); ``$STREAMWISE_PYTHON_DAEMON=pyspark.daemon`` restores
 # PySpark's own.
@@ -142,9 +137,7 @@ def build_session(master_url: str, app_name: str, max_workers: int,
     )
     if locality_wait is not None:
         builder = builder.config("spark.locality.wait", locality_wait)
-    java_options = " ".join(filter(None, (
-        os.environ.get(JVM_OPTIONS_ENV, DEFAULT_JVM_OPTIONS).strip(),
-        classarchive.jvm_option())))
+    java_options = standalone.jvm_options()
     if java_options:
         builder = (builder.config("spark.driver.extraJavaOptions", java_options)
                    .config("spark.executor.extraJavaOptions", java_options))

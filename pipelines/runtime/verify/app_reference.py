@@ -65,8 +65,11 @@ def main(argv: list[str]) -> int:
 
     src, out, spec_path = argv
     job = json.loads(Path(spec_path).read_text())
+    from pipelines.runtime.cluster.standalone import jvm_options
+
     spark = (SparkSession.builder.master("local[1]").appName("streamwise-app-reference")
              .config("spark.ui.enabled", "false")
+             .config("spark.driver.extraJavaOptions", jvm_options())
              .config("spark.sql.shuffle.partitions", str(job["key_groups"]))
              .config("spark.sql.session.timeZone", "UTC")
              .getOrCreate())
