@@ -22,13 +22,13 @@ def run_lab(lab_id: int) -> str:
     return lab.execute(lab_id)
 
 
-@shared_task
+@shared_task(ignore_result=True)  # periodic (webapp.settings.CELERY_BEAT_SCHEDULE)
 def fail_stale_labs() -> int:
     """Celery beat: Lab comparisons whose worker died under them are marked failed."""
     return lab.fail_stale_labs()
 
 
-@shared_task
+@shared_task(ignore_result=True)  # periodic (webapp.settings.CELERY_BEAT_SCHEDULE)
 def control_tick_all() -> dict[str, int]:
     """Celery beat, every second: one tick for each run whose control step is due."""
     decided = 0
@@ -40,7 +40,7 @@ def control_tick_all() -> dict[str, int]:
     return {"decided": decided}
 
 
-@shared_task
+@shared_task(ignore_result=True)  # periodic (webapp.settings.CELERY_BEAT_SCHEDULE)
 def watch_plans() -> dict[str, int]:
     """Celery beat: propose COLA's plan for runs whose processing elements saturate."""
     return {"proposed": planwatch.watch_plans()}

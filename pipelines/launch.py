@@ -127,7 +127,10 @@ def launch_standby(master: str) -> tuple[str, int]:
 def standby_ids(r: Any, state: str = "alive") -> set[str]:
     """Standbys alive (warming up or offered), or ``state="serving"``: serving a run after
     which they offer themselves again (STANDBY_RUNS)."""
-    return {key.split(":")[2] for key in r.scan_iter(f"streamwise:standby:*:{state}")}
+    # SCAN walks the whole keyspace; the default 10 keys a call made it ~130 round trips
+    # a pass over the test database's ~1,300 keys (the reconciler asks every second).
+    return {key.split(":")[2]
+            for key in r.scan_iter(f"streamwise:standby:*:{state}", count=1000)}
 
 
 def maintain_standbys(settling_runs: int) -> str | None:

@@ -395,6 +395,7 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
     """Worker, beat, relay and daphne as separate processes on the test database."""
     from django.conf import settings
 
+    from pipelines.management.processes import QUIET_WORKER
     from webapp.celery import app as celery_app
 
     with django_db_blocker.unblock():
@@ -413,9 +414,10 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
     py = sys.executable
     commands = {
         "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                   "-Q", settings.CONTROL_QUEUE, "--concurrency", "3", "-n", f"test-{port}@%h"],
+                   *QUIET_WORKER, "-Q", settings.CONTROL_QUEUE, "--concurrency", "3",
+                   "-n", f"test-{port}@%h"],
         "lab-worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                       "-Q", settings.LAB_QUEUE, "--concurrency", "1",
+                       *QUIET_WORKER, "-Q", settings.LAB_QUEUE, "--concurrency", "1",
                        "-n", f"lab-test-{port}@%h"],
         "beat": [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
                  "-s", str(logs / "celerybeat-schedule")],

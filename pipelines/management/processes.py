@@ -9,6 +9,14 @@ from pathlib import Path
 from django.conf import settings
 
 
+# Celery workers without the event traffic between them: gossip (each worker follows the
+# others' heartbeats), mingle (a start-up exchange of revoked task ids) and worker
+# heartbeat events serve event monitors such as Flower, which Streamwise does not use
+# (its own health is the relay's lag, the reconciler's pass and the queues' lengths, on
+# /metrics); ``control.ping`` and the other remote-control commands still work.
+QUIET_WORKER = ("--without-gossip", "--without-mingle", "--without-heartbeat")
+
+
 def product_processes(port: int, var: Path, worker_name: str = "streamwise@%h"
                       ) -> dict[str, list[str]]:
     """The product's long-running processes (web + WebSockets, the Celery workers of the
@@ -19,10 +27,11 @@ def product_processes(port: int, var: Path, worker_name: str = "streamwise@%h"
         "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
                 "webapp.asgi:application"],
         "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                   "-Q", settings.CONTROL_QUEUE, "--concurrency", "4", "-n", worker_name],
+                   *QUIET_WORKER, "-Q", settings.CONTROL_QUEUE, "--concurrency", "4",
+                   "-n", worker_name],
         # Lab comparisons on their own worker (one at a time: each uses a core).
         "lab-worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
-                       "-Q", settings.LAB_QUEUE, "--concurrency", "1",
+                       *QUIET_WORKER, "-Q", settings.LAB_QUEUE, "--concurrency", "1",
                        "-n", f"lab-{worker_name}"],
         "beat": [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
                  "-s", str(var / "celerybeat-schedule")],
