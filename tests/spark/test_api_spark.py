@@ -65,7 +65,11 @@ def test_a_run_from_the_cli_scaled_by_the_api_scraped_and_stopped(live_stack, op
         scaled = AuditEntry.objects.get(action="run.reconfigure_requested",
                                         target_id=str(run.pk))
         assert scaled.actor == "user:operator"
-        assert run.events.filter(kind="reconfigured", payload__command="set_workers").exists()
+        # The runner's workers_changed (through the relay) moves Run.workers a moment
+        # before the Celery task that waits for the runner's ack records the outcome.
+        wait_for(lambda: run.events.filter(kind="reconfigured",
+                                           payload__command="set_workers").exists(), 60,
+                 "the scale-up's outcome recorded by the reconfigure task")
 
         def same_sample_p95() -> float | bool:
             before = MetricSample.objects.filter(run=run).order_by("-t", "-batch_id").first()
