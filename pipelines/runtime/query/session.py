@@ -18,9 +18,6 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]
 # The scheduler pools of a live re-plan's generations, by role (replan.pool_for).
 FAIR_POOLS = Path(__file__).with_name("fairscheduler.xml")
 EXECUTOR_WAIT_S = 90.0
-# The JVM options of the runs' drivers and executors: standalone.jvm_options().
-JVM_OPTIONS_ENV = standalone.JVM_OPTIONS_ENV
-DEFAULT_JVM_OPTIONS = standalone.DEFAULT_JVM_OPTIONS
 # The executors' Python daemon: PySpark's, with the workers' imports done before it
 # forks them (pydaemon.py); ``$STREAMWISE_PYTHON_DAEMON=pyspark.daemon`` restores
 # PySpark's own.

@@ -23,13 +23,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[3]  # the child's working direct
 def _dump(target: Path) -> None:
     """In a child process: the product's own session (``build_session``, on a local
     master) whose driver JVM writes the archive as it exits."""
+    from pipelines.runtime.cluster import standalone
     from pipelines.runtime.query import session
     from pipelines.runtime.runner.standby import warm_up
 
     # No archive mapped while one is written (the JVM refuses both), the runs' options.
     os.environ[ARCHIVE_ENV] = "off"
-    os.environ[session.JVM_OPTIONS_ENV] = (f"{session.DEFAULT_JVM_OPTIONS} "
-                                           f"-XX:ArchiveClassesAtExit={target}")
+    os.environ[standalone.JVM_OPTIONS_ENV] = (f"{standalone.DEFAULT_JVM_OPTIONS} "
+                                              f"-XX:ArchiveClassesAtExit={target}")
     spark = session.build_session("local[2]", "streamwise-class-archive", 2, "512m")
     work = target.parent / "class-archive-work"
     work.mkdir(parents=True, exist_ok=True)

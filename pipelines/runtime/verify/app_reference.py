@@ -59,14 +59,13 @@ def main(argv: list[str]) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
+    from pipelines.runtime.cluster.standalone import jvm_options
     from pipelines.runtime.operators import packages
     from pipelines.runtime.operators.base import BuildContext
     from pipelines.runtime.query.dataflow_spark import check_app_output
 
     src, out, spec_path = argv
     job = json.loads(Path(spec_path).read_text())
-    from pipelines.runtime.cluster.standalone import jvm_options
-
     spark = (SparkSession.builder.master("local[1]").appName("streamwise-app-reference")
              .config("spark.ui.enabled", "false")
              .config("spark.driver.extraJavaOptions", jvm_options())
