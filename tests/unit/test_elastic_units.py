@@ -274,7 +274,7 @@ def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
         free_child.kill()
     assert throttled <= 0.5 + 0.1, (throttled, free)  # the cap: f/f_max of the wall time
     assert throttled > 0 and free > 0, (throttled, free)
-    # At least a third of the free loop's: stopped for half of each period, and no longer.
+    # At least 0.3 of the free loop's: stopped for half of each period, and no longer.
     if throttled + free >= 0.8:
         assert 0.3 <= throttled / free <= 0.65, (throttled, free)
     # Unthrottled: as free as the loop on the same core (each ~half of it).
