@@ -244,41 +244,62 @@ def test_duty_cycle_throttle_slows_a_real_cpu_bound_process() -> None:
     loop's 0.66-0.73, a ratio of 0.37-0.51 (the higher with other work on the other
     core, which delays the throttle's own thread). With other tasks on the core the
     loop gets less than its cap anyway and the cap takes nothing away (three busy loops
-    beside them: 0.19 against 0.20), so the ratio is asserted only where the two loops
-    had most of the core in the same seconds."""
-    throttled_child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    free_child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    beside them: 0.19 against 0.20; in a suite run, 0.0 against 0.003 for 3 s), so the
+    cap is asserted in every window and the ratios only in windows where the two loops
+    had most of the core in the same seconds; the test measures until it has one of
+    each. Where the test may, each loop's session gets a larger CPU weight, so that such
+    a window comes soon."""
+    throttled_child = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                       start_new_session=True)
+    free_child = subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                  start_new_session=True)
+    pids = (throttled_child.pid, free_child.pid)
 
     def cpu_shares(seconds: float) -> tuple[float, float]:
-        pids = (throttled_child.pid, free_child.pid)
         c0, t0 = [_cpu_seconds(p) for p in pids], time.monotonic()
         time.sleep(seconds)
         elapsed = time.monotonic() - t0
         return tuple((_cpu_seconds(p) - c) / elapsed for p, c in zip(pids, c0))
 
+    def had_the_core(shares: tuple[float, float]) -> bool:
+        return sum(shares) >= 0.8
+
+    throttle = frequency.DutyCycleThrottle(lambda: [throttled_child.pid], f_max_ghz=2.0,
+                                           period_s=0.02)
     try:
         core = min(os.sched_getaffinity(0))
-        for pid in (throttled_child.pid, free_child.pid):
+        for pid in pids:
             os.sched_setaffinity(pid, {core})
+            try:  # as root: the loop's session weighs more than the suite's other work
+                Path(f"/proc/{pid}/autogroup").write_text("-10")
+            except OSError:
+                pass
         time.sleep(0.3)
-        throttle = frequency.DutyCycleThrottle(lambda: [throttled_child.pid], f_max_ghz=2.0,
-                                               period_s=0.02)
         assert throttle.set(1.0) == 1.0
-        throttled, free = cpu_shares(3.0)
+        capped = [cpu_shares(1.5) for _window in range(2)]
+        while not any(map(had_the_core, capped)) and len(capped) < 20:
+            capped.append(cpu_shares(1.5))
         throttle.set(2.0)  # back to f_max: the loop ends and the process runs freely
-        after, free_after = cpu_shares(1.0)
+        freed = [cpu_shares(1.0)]
+        while not had_the_core(freed[-1]) and len(freed) < 20:
+            freed.append(cpu_shares(1.0))
         state = Path(f"/proc/{throttled_child.pid}/stat").read_text().rsplit(")", 1)[1] \
             .split()[0]
     finally:
-        throttled_child.kill()
-        free_child.kill()
-    assert throttled <= 0.5 + 0.1, (throttled, free)  # the cap: f/f_max of the wall time
-    assert throttled > 0 and free > 0, (throttled, free)
+        throttle.set(2.0)
+        for child in (throttled_child, free_child):
+            child.kill()
+            child.wait()
+    for throttled, free in capped:  # the cap: f/f_max of the wall time
+        assert throttled <= 0.5 + 0.1, capped
+    assert had_the_core(capped[-1]), f"the two loops never had the core: {capped}"
     # At least 0.3 of the free loop's: stopped for half of each period, and no longer.
-    if throttled + free >= 0.8:
-        assert 0.3 <= throttled / free <= 0.65, (throttled, free)
+    throttled, free = capped[-1]
+    assert 0.3 <= throttled / free <= 0.65, capped
     # Unthrottled: as free as the loop on the same core (each ~half of it).
-    assert free_after > 0 and after / free_after >= 0.7, (after, free_after)
+    after, free_after = freed[-1]
+    assert had_the_core(freed[-1]), f"the two loops never had the core: {freed}"
+    assert after / free_after >= 0.7, freed
     assert state != "T"  # never left stopped
 
 
