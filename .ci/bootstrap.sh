@@ -49,9 +49,15 @@ fi
 # The example operator package (examples/streamwise-example-ops): the test setup
 # installs it into the venv as an admin installs a team's package (an entry point in
 # the group streamwise.operators), so the tests run its operators under Streamwise.
-if [ "$want_test" = 1 ] && ! .venv/bin/python -c "import streamwise_example_ops" 2>/dev/null; then
+# Installed again when its pyproject.toml changes (its entry points are read from the
+# metadata the install writes, not from the source).
+example_stamp=.venv/.example-ops.sha256
+example_sum=$(sha256sum examples/streamwise-example-ops/pyproject.toml | cut -d' ' -f1)
+if [ "$want_test" = 1 ] && { ! .venv/bin/python -c "import streamwise_example_ops" 2>/dev/null \
+    || [ "$(cat "$example_stamp" 2>/dev/null)" != "$example_sum" ]; }; then
   echo "bootstrap: installing the example operator package"
   .venv/bin/uv pip install -q --python .venv/bin/python -e examples/streamwise-example-ops
+  echo "$example_sum" > "$example_stamp"
 fi
 # The project's own modules, for the same reason (quick when they are up to date; a
 # module edited since is compiled in memory as it is imported, never run stale).

@@ -28,7 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 API_VERSION = "streamwise/v1"
 POLICY_FIELDS = ("description", "latency_bound_ms", "throughput_floor_rps", "power_budget_w",
                  "control_step_s", "min_workers", "initial_workers", "max_workers",
-                 "strategy", "strategy_params", "violation_steps", "alert_webhook")
+                 "strategy", "strategy_params", "violation_steps", "alert_webhook",
+                 "priority", "guaranteed_workers", "max_share_workers", "excluded_periods",
+                 "max_reconfigurations_per_hour", "cooldown_up_s", "cooldown_down_s",
+                 "decision_plugins")
 CONNECTION_FIELDS = ("kind", "url", "username", "description")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -58,6 +61,15 @@ class PolicyEntry(_Strict):
     strategy_params: dict[str, Any] = Field(default_factory=dict)
     violation_steps: int | None = None
     alert_webhook: str = ""
+    priority: int | None = None
+    guaranteed_workers: int | None = None
+    max_share_workers: int | None = None
+    excluded_periods: list[str] = Field(default_factory=list,
+                                        description="cron expressions, UTC")
+    max_reconfigurations_per_hour: int | None = None
+    cooldown_up_s: float | None = None
+    cooldown_down_s: float | None = None
+    decision_plugins: list[str] = Field(default_factory=list)
 
 
 class ConnectionEntry(_Strict):
@@ -259,6 +271,7 @@ def policy_form(entry: PolicyEntry, existing: Any) -> Any:
         f: Policy._meta.get_field(f).get_default() for f in POLICY_FIELDS}
     data = {**base, **entry.model_dump(exclude_none=True), "name": entry.name}
     data["strategy_params"] = json.dumps(data.get("strategy_params") or {})
+    data["excluded_periods"] = "\n".join(data.get("excluded_periods") or [])
     return PolicyForm({k: ("" if v is None else v) for k, v in data.items()},
                       instance=existing)
 

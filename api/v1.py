@@ -130,6 +130,14 @@ class PolicyOut(Schema):
     strategy_params: dict[str, Any]
     violation_steps: int
     alert_webhook: str
+    priority: int
+    guaranteed_workers: int
+    max_share_workers: int | None
+    excluded_periods: list[str]
+    max_reconfigurations_per_hour: int | None
+    cooldown_up_s: float
+    cooldown_down_s: float
+    decision_plugins: list[str]
 
 
 # A policy as a client gives it: the document's own entry (api/documents.py).

@@ -8,9 +8,14 @@ the thesis' MAPE loop (ch. 6, Fig. 6.2: monitor -> forecast -> decide -> act):
 2. **evaluate and decide**: the run's :class:`~control.live.LiveController`, restored from
    its JSON state (:class:`ControllerStore`), steps on them from the configuration the run
    has now (:class:`ConfigurationReader`);
-3. **record**: the decision and its outcome (hold, dry run, busy behind a reconfiguration
-   still under way, or pending) go to the :class:`DecisionStore`;
-4. **realise**: a pending decision goes to the :class:`Actuator`, which sends the runner
+3. **gate**: a decision to reconfigure passes the :class:`Gate` — the fleet's guards
+   (excluded periods, caps, cooldowns), the policy's decision plug-ins and the arbiter
+   that shares the cluster between runs (``control.fleet``, ``control.plugins``) — which
+   may hold it (excluded, vetoed, refused) or change it;
+4. **record**: the decision and its outcome (hold, excluded, vetoed, refused, dry run,
+   busy behind a reconfiguration still under way, or pending) go to the
+   :class:`DecisionStore`;
+5. **realise**: a pending decision goes to the :class:`Actuator`, which sends the runner
    commands (``control.live.reconfiguration_commands``) and later reports how it ended.
 
 The product (``control.ticks``: Redis stream, database, Celery) and the closed-loop
@@ -34,6 +39,9 @@ class Outcome(enum.StrEnum):
     DRY_RUN = "dry-run"  # decided and shown, not sent
     BUSY = "busy"  # a previous reconfiguration is still under way
     PENDING = "pending"  # handed to the actuator
+    EXCLUDED = "excluded"  # a guard held it (excluded period, cap, cooldown)
+    VETOED = "vetoed"  # a decision plug-in vetoed it
+    REFUSED = "refused"  # the arbiter gave the cores to other runs
 
 
 class MetricsSource(Protocol):
@@ -71,6 +79,24 @@ class DecisionStore(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class GateVerdict:
+    """A gate's answer: hold the decision (``outcome`` excluded, vetoed or refused), or
+    let a changed one (``decision``) go on; ``message`` says why either way."""
+
+    message: str
+    outcome: Outcome | None = None
+    decision: LiveDecision | None = None
+
+
+class Gate(Protocol):
+    def review(self, decision: LiveDecision, acting: bool) -> GateVerdict | None:
+        """None lets the decision through as it is. ``acting``: the loop will send it
+        (not a dry run, nothing pending), so the gate may act on other runs too (the
+        arbiter's preemptions); otherwise it only says what it would do."""
+        ...
+
+
 class Actuator(Protocol):
     def realise(self, decision: LiveDecision, stored: Any) -> None:
         """Start carrying out a pending decision; it ends asynchronously."""
@@ -94,6 +120,7 @@ class ControlLoop:
     decisions: DecisionStore
     actuator: Actuator
     dry_run: bool = False
+    gate: Gate | None = None
 
     def controller(self) -> LiveController:
         """The run's controller: restored from its saved state, or a fresh one (no state
@@ -118,18 +145,29 @@ class ControlLoop:
                                                                        self.policy.f_max))
         self.metrics.consumed()
         self.controllers.save(controller.to_state())
-        outcome, message = self._outcome(decision)
+        decision, outcome, message = self._outcome(decision)
         stored = self.decisions.store(decision, outcome, message)
         if outcome is Outcome.PENDING:
             self.actuator.realise(decision, stored)
         return Tick(decision, outcome, message, stored)
 
-    def _outcome(self, decision: LiveDecision) -> tuple[Outcome, str]:
+    def _outcome(self, decision: LiveDecision) -> tuple[LiveDecision, Outcome, str]:
         if decision.action == "hold":
-            return Outcome.HOLD, ""
+            return decision, Outcome.HOLD, ""
+        pending = None if self.dry_run else self.decisions.pending()
+        note = ""
+        if self.gate is not None:
+            verdict = self.gate.review(decision, acting=not self.dry_run and not pending)
+            if verdict is not None and verdict.decision is None:
+                held = verdict.outcome or Outcome.VETOED
+                return decision, held, (f"dry run: {verdict.message}" if self.dry_run
+                                        else verdict.message)
+            if verdict is not None:
+                decision, note = verdict.decision, f" ({verdict.message})"
+                if decision.action == "hold":
+                    return decision, Outcome.HOLD, verdict.message
         if self.dry_run:
-            return Outcome.DRY_RUN, "dry run: decided, not sent"
-        pending = self.decisions.pending()
+            return decision, Outcome.DRY_RUN, "dry run: decided, not sent" + note
         if pending:
-            return Outcome.BUSY, f"{pending} is still being applied"
-        return Outcome.PENDING, "sent to the runner"
+            return decision, Outcome.BUSY, f"{pending} is still being applied"
+        return decision, Outcome.PENDING, "sent to the runner" + note

@@ -33,18 +33,54 @@ class PolicyForm(forms.ModelForm):
     alert_webhook = forms.URLField(required=False, assume_scheme="https",
                                    help_text=Policy._meta.get_field("alert_webhook").help_text)
 
+    excluded_periods = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+        help_text=Policy._meta.get_field("excluded_periods").help_text + " One per line.")
+    decision_plugins = forms.MultipleChoiceField(
+        required=False, widget=forms.CheckboxSelectMultiple,
+        help_text=Policy._meta.get_field("decision_plugins").help_text)
+
     class Meta:
         model = Policy
         fields = ["name", "description", "latency_bound_ms", "throughput_floor_rps",
                   "power_budget_w", "control_step_s", "min_workers", "initial_workers",
                   "max_workers", "strategy", "strategy_params", "violation_steps",
-                  "alert_webhook"]
+                  "alert_webhook", "priority", "guaranteed_workers", "max_share_workers",
+                  "excluded_periods", "max_reconfigurations_per_hour", "cooldown_up_s",
+                  "cooldown_down_s", "decision_plugins"]
 
     def __init__(self, *args, **kwargs) -> None:
+        from control import plugins
+
         super().__init__(*args, **kwargs)
         value = self.initial.get("strategy_params")
         if isinstance(value, dict):
             self.initial["strategy_params"] = json.dumps(value)
+        periods = self.initial.get("excluded_periods")
+        if isinstance(periods, list):
+            self.initial["excluded_periods"] = "\n".join(periods)
+        # Every installed plug-in with its description; one that does not load is
+        # listed with its error and cannot be chosen (Policy.clean says why).
+        self.fields["decision_plugins"].choices = [
+            (i.name, f"{i.name} ({i.distribution} {i.version}): "
+                     f"{i.error or i.description}") for i in plugins.installed()]
+        for name in self.OPTIONAL_WITH_DEFAULT:
+            self.fields[name].required = False
+
+    # Left out (a form, a document or an API call from before them): the model's default.
+    OPTIONAL_WITH_DEFAULT = ("priority", "guaranteed_workers", "cooldown_up_s",
+                             "cooldown_down_s")
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        for name in self.OPTIONAL_WITH_DEFAULT:
+            if cleaned.get(name) is None and name not in self.errors:
+                cleaned[name] = Policy._meta.get_field(name).get_default()
+        return cleaned
+
+    def clean_excluded_periods(self) -> list[str]:
+        return [line.strip() for line in (self.cleaned_data.get("excluded_periods") or "")
+                .splitlines() if line.strip()]
 
     def clean_strategy_params(self) -> dict:
         value = json_from_field(self.cleaned_data.get("strategy_params"))

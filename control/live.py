@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from control import fleet
 from control import forecasting as fc
 from control import sysmodel as sm
 from control.planning import PlanningError
@@ -753,6 +754,21 @@ class LiveController:
                 "throughput": self.model.throughput(rate, c.workers, c.freq_ghz, p.f_max),
                 "power_w": self.power_of(c)}
 
+    def violation_curve(self, rate: float, freq_ghz: float, feedback: float
+                        ) -> dict[str, float]:
+        """The modelled cost of QoS violations (``control.fleet.violation_cost``) at each
+        number of workers the policy allows, at ``rate`` and ``freq_ghz``: what the fleet's
+        arbiter weighs one run's claim to a core against another's. Keys are strings (the
+        decision is stored as JSON)."""
+        p = self.policy
+        out = {}
+        for n in range(p.min_workers, p.max_workers + 1):
+            latency = self.model.latency(rate, n, freq_ghz, p.f_max, feedback)
+            throughput = self.model.throughput(rate, n, freq_ghz, p.f_max)
+            out[str(n)] = round(fleet.violation_cost(
+                latency, p.latency_bound_s, throughput, p.throughput_floor, rate), 6)
+        return out
+
     def _bound_alerts(self, chosen: Config, rate: float, feedback: float) -> list[str]:
         """Say when the limits, not the strategy, keep the latency bound from being met."""
         p = self.policy
@@ -938,7 +954,9 @@ class LiveController:
                                                           current.freq_ghz, p.f_max),
                     "forecast": choice.predictions[0]["rate"], "violating": violated,
                     "rebalance": rebalance,
-                    "migration_planner": self._migration_planner(current, chosen)},
+                    "migration_planner": self._migration_planner(current, chosen),
+                    "violation_by_workers": self.violation_curve(
+                        choice.predictions[0]["rate"], chosen.freq_ghz, choice.feedback)},
             chosen={"workers": chosen.workers, "freq_ghz": chosen.freq_ghz},
             current={"workers": current.workers, "freq_ghz": current.freq_ghz},
             action=action, predictions=choice.predictions, cost=choice.cost,

@@ -17,6 +17,11 @@ MAX_WORKERS_LIMIT = 64
 VERSIONED_FIELDS = ("latency_bound_ms", "throughput_floor_rps", "power_budget_w",
                     "control_step_s", "min_workers", "max_workers", "initial_workers",
                     "strategy", "strategy_params", "violation_steps", "alert_webhook")
+# ... and how the run shares the cluster (control/fleet.py, control/plugins.py).
+FLEET_FIELDS = ("priority", "guaranteed_workers", "max_share_workers", "excluded_periods",
+                "max_reconfigurations_per_hour", "cooldown_up_s", "cooldown_down_s",
+                "decision_plugins")
+VERSIONED_FIELDS += FLEET_FIELDS
 
 
 class Policy(models.Model):
@@ -50,6 +55,39 @@ class Policy(models.Model):
                   "broken for this many control steps in a row.")
     alert_webhook = models.URLField(
         blank=True, help_text="Optional: alerts are also POSTed here as JSON.")
+    # One cluster, many runs (control/fleet.py): the arbiter's inputs and the guards.
+    priority = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="When the runs ask for more cores than the cluster has, a run of higher "
+                  "priority may take back a lower one's cores above its guarantee.")
+    guaranteed_workers = models.PositiveIntegerField(
+        "guaranteed workers", default=1,
+        validators=[MinValueValidator(0), MaxValueValidator(MAX_WORKERS_LIMIT)],
+        help_text="Cores the run gets whenever it asks for them, whatever the others' "
+                  "priorities.")
+    max_share_workers = models.PositiveIntegerField(
+        "maximum share (workers)", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_WORKERS_LIMIT)],
+        help_text="Optional: the most cores of the cluster the run may hold.")
+    excluded_periods = models.JSONField(
+        default=list, blank=True,
+        help_text="Cron expressions (minute hour day month weekday, UTC); no scaling in "
+                  "a minute any of them matches, e.g. 50-59 * * * * or * 9-17 * * mon-fri.")
+    max_reconfigurations_per_hour = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(3600)],
+        help_text="Optional: the controller holds once this many reconfigurations were "
+                  "applied in the last hour.")
+    cooldown_up_s = models.FloatField(
+        "cooldown after a scale-up (s)", default=0.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(86_400.0)])
+    cooldown_down_s = models.FloatField(
+        "cooldown after a scale-down (s)", default=0.0,
+        validators=[MinValueValidator(0.0), MaxValueValidator(86_400.0)])
+    decision_plugins = models.JSONField(
+        default=list, blank=True,
+        help_text="Installed decision plug-ins (entry point group "
+                  "streamwise.decision_plugins) that review each decision and may veto "
+                  "or change it.")
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
                                    on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -98,6 +136,7 @@ class Policy(models.Model):
                 self.min_workers <= self.initial_workers <= self.max_workers):
             errors["initial_workers"] = (f"must be between min ({self.min_workers}) and "
                                          f"max ({self.max_workers}) workers")
+        errors.update(fleet_errors(self))
         if not isinstance(self.strategy_params, dict):
             errors["strategy_params"] = "must be a JSON object, e.g. {} or {\"horizon\": 2}"
         elif self.strategy == "manual" and self.strategy_params:
@@ -111,6 +150,38 @@ class Policy(models.Model):
                 errors["strategy_params"] = str(exc)
         if errors:
             raise ValidationError(errors)
+
+
+def fleet_errors(policy: Policy) -> dict[str, str]:
+    """The fleet fields' own checks (form, admin, API and documents all save through
+    ``clean``): cron expressions that parse, plug-ins that are installed and load, a
+    guarantee and a share within the worker limits."""
+    from control import fleet, plugins
+
+    errors: dict[str, str] = {}
+    periods = policy.excluded_periods
+    if not isinstance(periods, list) or not all(isinstance(p, str) for p in periods):
+        errors["excluded_periods"] = "must be a list of cron expressions"
+    else:
+        try:
+            policy.excluded_periods = [fleet.check_cron(p) for p in periods]
+        except fleet.FleetError as exc:
+            errors["excluded_periods"] = str(exc)
+    names = policy.decision_plugins
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        errors["decision_plugins"] = "must be a list of installed plug-in names"
+    else:
+        try:
+            plugins.load(names)
+        except plugins.PluginError as exc:
+            errors["decision_plugins"] = str(exc)
+    if policy.max_workers and policy.guaranteed_workers is not None \
+            and policy.guaranteed_workers > policy.max_workers:
+        errors["guaranteed_workers"] = f"must be at most max workers ({policy.max_workers})"
+    if policy.max_share_workers is not None and policy.min_workers \
+            and policy.max_share_workers < policy.min_workers:
+        errors["max_share_workers"] = f"must be at least min workers ({policy.min_workers})"
+    return errors
 
 
 class PolicyVersion(models.Model):
@@ -185,6 +256,9 @@ class DecisionOutcome(models.TextChoices):
     PENDING = "pending"  # sent to the runner, not acknowledged yet
     APPLIED = "applied"  # the runner acknowledged and it took effect
     FAILED = "failed"  # the runner refused or did not acknowledge
+    EXCLUDED = "excluded"  # a guard held it: an excluded period, a cap, a cooldown
+    VETOED = "vetoed"  # a decision plug-in vetoed it
+    REFUSED = "refused"  # the arbiter gave the cores to other runs
 
 
 class Decision(models.Model):

@@ -28,8 +28,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from control import live
-from control.controlloop import ControlLoop, Outcome
+from control import fleet, gates, live, plugins
+from control.controlloop import ControlLoop, GateVerdict, Outcome
 from control.models import Decision, DecisionOutcome, Policy
 from control.strategies.mpc import Config
 from pipelines import actions, launch
@@ -202,12 +202,24 @@ class _DatabaseDecisions:
             predictions=live.json_safe(d.predictions), cost=live.json_safe(d.cost),
             model_error=live.json_safe(d.model_error))
         actions.push(run.pk, {"type": "run.decision", "decision": decision.as_dict()})
+        if outcome in HELD_OUTCOMES:
+            before = Decision.objects.filter(run=run, step__lt=decision.step) \
+                .order_by("-step").values_list("outcome", flat=True).first()
+            if before != outcome.value:  # once per streak, not every step
+                actions.record_event(run, EventKind.HELD, ACTOR,
+                                     f"decision {decision.step} ({d.action} to "
+                                     f"{d.chosen['workers']} workers) {outcome.value}: "
+                                     f"{message}", {"decision": decision.step,
+                                                    "outcome": outcome.value})
         for alert in d.alerts:
             raise_alert(run, alert, decision)
         if outcome is Outcome.PENDING:
             self.r.set(_key(run, "pending"), decision.pk,
                        ex=int(settings.COMMAND_ACK_TIMEOUT_S) * 2 + 30)
         return decision
+
+
+HELD_OUTCOMES = (Outcome.EXCLUDED, Outcome.VETOED, Outcome.REFUSED)
 
 
 class _CeleryActuator:
@@ -219,11 +231,148 @@ class _CeleryActuator:
 def control_loop(run: Run, policy: Policy, r: Any) -> ControlLoop:
     """The product's adapters around the one control loop (``control.controlloop``), under
     ``policy``: the run's version of it (``Run.policy_in_force``)."""
-    return ControlLoop(policy=loop_policy(policy, run), metrics=_RunMetrics(run, r),
+    looped = loop_policy(policy, run)
+    return ControlLoop(policy=looped, metrics=_RunMetrics(run, r),
                        configuration=_RunConfiguration(run),
                        controllers=_RedisControllers(run, r),
                        decisions=_DatabaseDecisions(run, r), actuator=_CeleryActuator(),
-                       dry_run=run.dry_run)
+                       dry_run=run.dry_run,
+                       gate=gates.Gates([policy_gate(run, policy, looped),
+                                         ArbiterGate(run, policy)]))
+
+
+# ------------------------------------------------------------------ the fleet's gate
+def guards_of(policy: Policy) -> fleet.Guards:
+    """The policy's guards and the cluster's excluded periods (EXCLUDED_PERIODS)."""
+    return fleet.Guards(
+        excluded_periods=tuple(settings.EXCLUDED_PERIODS) + tuple(policy.excluded_periods or ()),
+        max_reconfigurations_per_hour=policy.max_reconfigurations_per_hour,
+        cooldown_up_s=policy.cooldown_up_s or 0.0, cooldown_down_s=policy.cooldown_down_s or 0.0)
+
+
+def applied_history(run: Run, within_s: float) -> list[fleet.Applied]:
+    """The run's reconfigurations that took effect in the last ``within_s`` seconds."""
+    since = timezone.now() - timezone.timedelta(seconds=within_s)
+    rows = Decision.objects.filter(run=run, outcome=DecisionOutcome.APPLIED,
+                                   applied_at__gte=since).values_list(
+        "applied_at", "current_workers", "chosen_workers")
+    return [fleet.Applied(at.timestamp(), fleet.direction(current, chosen))
+            for at, current, chosen in rows]
+
+
+def policy_gate(run: Run, policy: Policy, looped: live.LoopPolicy) -> gates.PolicyGate:
+    guards = guards_of(policy)
+    window = max(3600.0, guards.cooldown_up_s, guards.cooldown_down_s)
+    try:
+        chosen = plugins.load(policy.decision_plugins or [])
+    except plugins.PluginError as exc:  # uninstalled since the policy was saved
+        log.warning("run %s: %s", run.pk, exc)
+        chosen = []
+    return gates.PolicyGate(run=str(run.pk), policy=policy.name, guards=guards,
+                            plugins=chosen, history=lambda: applied_history(run, window),
+                            min_workers=looped.min_workers, max_workers=looped.max_workers)
+
+
+def _claim(run: Run, policy: Policy, asked: int | None = None,
+           costs: dict[str, float] | None = None, asked_at: float | None = None
+           ) -> fleet.Claim:
+    """A run's claim on the cluster: what it holds, and what its latest decision (of the
+    last few control steps) asked and predicted."""
+    held = int(run.workers or 0)
+    if asked is None:
+        recent = timezone.now() - timezone.timedelta(seconds=3 * policy.control_step_s + 5)
+        last = Decision.objects.filter(run=run, at__gte=recent).order_by("-step").first()
+        asked = held if last is None or last.outcome in (
+            DecisionOutcome.REFUSED, DecisionOutcome.EXCLUDED, DecisionOutcome.VETOED,
+            DecisionOutcome.FAILED, DecisionOutcome.DRY_RUN) else last.chosen_workers
+        costs = (last.inputs or {}).get("violation_by_workers") if last else None
+        asked_at = last.at.timestamp() if last else 0.0
+    return fleet.Claim(
+        run=str(run.pk), priority=max(1, int(policy.priority or 1)),
+        guaranteed=int(policy.guaranteed_workers if policy.guaranteed_workers is not None
+                       else policy.min_workers),
+        held=held, asked=int(asked),
+        cost_by_workers={int(n): float(c) for n, c in (costs or {}).items()},
+        max_share=policy.max_share_workers, asked_at=asked_at or 0.0)
+
+
+class ArbiterGate:
+    """The cluster's arbiter (``control.fleet``, ``settings.ARBITER``) on a decision that
+    asks for more workers: granted when the cluster's free cores allow; otherwise the
+    arbiter decides over every running run's claim, and the cores it takes back from
+    lower-priority runs are released by a planned scale-down of theirs (a Decision of
+    strategy ``arbiter``), after which this run's controller, asking again, is granted."""
+
+    def __init__(self, run: Run, policy: Policy) -> None:
+        self.run, self.policy = run, policy
+
+    def review(self, decision: live.LiveDecision, acting: bool) -> GateVerdict | None:
+        from pipelines.cluster_status import cluster_cores
+
+        held, asked = decision.current["workers"], decision.chosen["workers"]
+        if asked <= held:
+            return None
+        capacity, _source = cluster_cores()
+        others = list(Run.objects.filter(status=RunStatus.RUNNING).exclude(pk=self.run.pk)
+                      .select_related("policy", "pipeline_version"))
+        mine = _claim(self.run, self.policy, asked,
+                      decision.inputs.get("violation_by_workers"), time.time())
+        claims = [mine] + [_claim(o, o.policy_in_force) for o in others]
+        allocation = fleet.arbiter(settings.ARBITER).allocate(capacity, claims)
+        share = allocation.shares[mine.run]
+        in_use = sum(c.held for c in claims)
+        free = capacity - in_use
+        granted = min(share.granted, held + max(free, 0))
+        victims = [(o, allocation.shares[str(o.pk)]) for o in others
+                   if allocation.shares[str(o.pk)].preempted > 0]
+        if victims and acting:
+            for other, victim_share in victims:
+                preempt(other, victim_share, self.run)
+        if granted >= asked:
+            return None
+        if granted > held:
+            return GateVerdict(f"arbiter: {share.reason}; {free} core(s) free now",
+                               decision=gates.with_workers(decision, granted))
+        if share.granted > held:
+            names = ", ".join(f"run {o.pk}" for o, _s in victims) or "other runs"
+            verb = "taking back" if acting else "would take back"
+            return GateVerdict(f"arbiter: waiting for a core: {verb} "
+                               f"{share.granted - held - max(free, 0)} from {names} "
+                               f"(priority {mine.priority}); {share.reason}", Outcome.REFUSED)
+        return GateVerdict(f"arbiter: {share.reason}", Outcome.REFUSED)
+
+
+def preempt(run: Run, share: fleet.Share, taker: Run) -> Decision | None:
+    """Take cores back from ``run`` by a planned scale-down to ``share.granted`` (the
+    runner migrates its key groups off the released workers first), unless the run's
+    own tick or a reconfiguration of it is under way (the next step tries again)."""
+    r = launch.run_bus(run).r
+    lock = _key(run, "lock")
+    if r.get(_key(run, "pending")) or not r.set(lock, "arbiter", nx=True, ex=30):
+        return None
+    try:
+        run.refresh_from_db()
+        if run.status != RunStatus.RUNNING or run.workers <= share.granted:
+            return None
+        freq = run.frequency_ghz or power.NOMINAL_GHZ
+        decision = Decision.objects.create(
+            run=run, t=time.time(), step=_next_step(run), strategy="arbiter",
+            action="scale", outcome=DecisionOutcome.PENDING,
+            outcome_message=f"preempted for run {taker.pk}; sent to the runner",
+            current_workers=run.workers, current_freq_ghz=freq,
+            chosen_workers=share.granted, chosen_freq_ghz=freq, solve_ms=0.0,
+            reason=share.reason, inputs={"arbiter": settings.ARBITER, "taker": taker.pk})
+        r.set(_key(run, "pending"), decision.pk,
+              ex=int(settings.COMMAND_ACK_TIMEOUT_S) * 2 + 30)
+        actions.record_event(run, EventKind.PREEMPTED, ACTOR,
+                             f"{run.workers} -> {share.granted} workers for run {taker.pk}: "
+                             f"{share.reason}",
+                             {"decision": decision.step, "taker": taker.pk})
+        actions.push(run.pk, {"type": "run.decision", "decision": decision.as_dict()})
+        enqueue(Task.APPLY_DECISION, decision.pk)
+        return decision
+    finally:
+        r.delete(lock)
 
 
 def _tick(run: Run, policy: Policy, r: Any) -> Decision | None:

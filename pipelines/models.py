@@ -229,6 +229,8 @@ class EventKind(enum.StrEnum):
     DRY_RUN_OFF = "dry_run_off"
     POLICY_SWITCHED = "policy_switched"
     RESTART_REQUESTED = "restart_requested"
+    PREEMPTED = "preempted"  # the arbiter took cores back for a higher-priority run
+    HELD = "held"  # a guard, a plug-in or the arbiter held the controller's decisions
 
     @staticmethod
     def status(to: str) -> str:

@@ -200,6 +200,13 @@ LAB_MAX_ACTIVE_PER_USER = int(os.environ.get("LAB_MAX_ACTIVE_PER_USER", "2"))
 # Cores the embedded Spark worker offers (1-core executors); also what a policy may ask
 # for when the master's JSON API does not answer (pipelines/cluster_status.py).
 CLUSTER_CORES = int(os.environ.get("CLUSTER_CORES", "8"))
+# One cluster, many runs (control/fleet.py): the arbiter that shares the cluster's cores
+# between the runs' controllers ("priority" or "fcfs"), and the cluster-wide excluded
+# periods, cron expressions separated by ";" (e.g. "* 2 * * *;50-59 * * * *"), added to
+# every policy's own.
+ARBITER = os.environ.get("ARBITER", "priority")
+EXCLUDED_PERIODS = [p.strip() for p in os.environ.get("EXCLUDED_PERIODS", "").split(";")
+                    if p.strip()]
 
 # Alert webhooks (control/webhooks.py): public addresses only, except these hosts (an
 # administrator's choice, e.g. an in-house alert receiver); bodies are signed with

@@ -57,3 +57,19 @@ def test_customer_totals_over_a_static_frame() -> None:
     assert rows[7] == {"customer": 7, "orders": 2, "gross_cents": 1211 + 120940,
                        "largest": 999.5}
     assert rows[12] == {"customer": 12, "orders": 1, "gross_cents": 6050, "largest": 50.0}
+
+
+def test_the_plugin_vetoes_a_scale_down_in_the_last_ten_minutes_only() -> None:
+    import datetime as dt
+
+    from control.plugins import Proposal
+    from streamwise_example_ops.plugins import QUIET_HOUR_END
+
+    def at(minute: int, current: int, chosen: int) -> Proposal:
+        now = dt.datetime(2026, 12, 7, 13, minute, tzinfo=dt.UTC).timestamp()
+        return Proposal("1", "p", now, current, chosen, 2.0, 2.0, "scale", "")
+
+    veto = QUIET_HOUR_END.review(at(55, 2, 1))
+    assert veto is not None and veto.veto and "(it is :55)" in veto.reason
+    assert QUIET_HOUR_END.review(at(49, 2, 1)) is None
+    assert QUIET_HOUR_END.review(at(55, 1, 2)) is None  # a scale-up goes through
