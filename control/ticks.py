@@ -282,9 +282,10 @@ def _claim(run: Run, policy: Policy, asked: int | None = None,
     if asked is None:
         recent = timezone.now() - timezone.timedelta(seconds=3 * policy.control_step_s + 5)
         last = Decision.objects.filter(run=run, at__gte=recent).order_by("-step").first()
-        asked = held if last is None or last.outcome in (
-            DecisionOutcome.REFUSED, DecisionOutcome.EXCLUDED, DecisionOutcome.VETOED,
-            DecisionOutcome.FAILED, DecisionOutcome.DRY_RUN) else last.chosen_workers
+        # What it will hold: a reconfiguration under way counts at its target, anything
+        # else (a hold, a refusal, a dry run, one applied since) at what it holds now.
+        asked = last.chosen_workers if last is not None and \
+            last.outcome == DecisionOutcome.PENDING else held
         costs = (last.inputs or {}).get("violation_by_workers") if last else None
         asked_at = last.at.timestamp() if last else 0.0
     return fleet.Claim(

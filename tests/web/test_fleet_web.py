@@ -1,0 +1,197 @@
+"""The fleet's gate in the product's control loop without Spark (real Redis, the real
+database): excluded periods, the example decision plug-in, the arbiter's refusals and
+preemptions, each a decision with its reason and an audited event."""
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import make_pipeline_and_policy
+from tests.web.test_control_loop import _publish, clean_bus  # noqa: F401
+
+
+def _run(user, name: str = "loop", **policy_fields):
+    """A running run under lat-node whose first control step has been taken (the
+    controller's first step holds), so that the next one decides on the load."""
+    from control import ticks
+    from control.models import Policy
+    from pipelines.models import Run
+
+    pipeline, policy = make_pipeline_and_policy(user, name=name, max_workers=2)
+    Policy.objects.filter(pk=policy.pk).update(strategy="lat-node", control_step_s=2,
+                                               strategy_params={"horizon": 2},
+                                               **policy_fields)
+    run = Run.objects.create(pipeline_version=pipeline.current_version, policy=policy,
+                             status="running", created_by=user, workers=1, key_groups=4,
+                             frequencies=[1.2, 1.6, 2.0], frequency_ghz=2.0)
+    run = Run.objects.select_related("policy").get(pk=run.pk)
+    _publish(run, range(0, 6), rate=RATE, duration=1.0)
+    ticks.tick(run)
+    return run
+
+
+# One worker takes 8 s for a second's records (saturated), two take 4 (not): the rate is
+# the same as in the first step, so the forecast is the rate.
+RATE = 20_000
+
+
+def _overloaded(run, first: int = 6) -> None:
+    _publish(run, range(first, first + 6), rate=RATE, duration=8.0)
+
+
+@pytest.mark.django_db
+def test_an_excluded_period_holds_the_controller_and_scaling_resumes_after_it(
+        local_operator, clean_bus, settings) -> None:  # noqa: F811
+    from control import ticks
+    from control.models import Policy
+
+    settings.CLUSTER_CORES = 8
+    run = _run(local_operator, excluded_periods=["* * * * *"])
+    _overloaded(run)
+    first = ticks.tick(run)
+    assert first.action != "hold" and first.outcome == "excluded"
+    assert "excluded period '* * * * *'" in first.outcome_message
+    _overloaded(run, 12)
+    assert ticks.tick(run).outcome == "excluded"
+    held = run.events.filter(kind="held")
+    assert held.count() == 1  # once per streak, not every step
+    assert "excluded period" in held.get().message
+    # The period ends (the policy's list emptied): the next step scales.
+    Policy.objects.filter(pk=run.policy_id).update(excluded_periods=[])
+    _overloaded(run, 18)
+    resumed = ticks.tick(run)
+    assert resumed.outcome == "pending" and resumed.chosen_workers == 2
+
+
+@pytest.mark.django_db
+def test_the_cluster_wide_excluded_periods_hold_every_run(local_operator, clean_bus,
+                                                          settings) -> None:  # noqa: F811
+    from control import ticks
+
+    settings.EXCLUDED_PERIODS = ["* * * * *"]
+    run = _run(local_operator)
+    _overloaded(run)
+    assert ticks.tick(run).outcome == "excluded"
+
+
+@pytest.mark.django_db
+def test_the_example_plugin_vetoes_a_scale_down_live_and_in_a_dry_run(
+        local_operator, clean_bus, monkeypatch) -> None:  # noqa: F811
+    from control import ticks
+    from pipelines.models import Run
+
+    monkeypatch.setenv("QUIET_HOUR_END_MINUTES", "60")  # every minute is the hour's end
+    run = _run(local_operator, decision_plugins=["quiet-hour-end"])
+    Run.objects.filter(pk=run.pk).update(workers=2)
+    run.refresh_from_db()
+    _publish(run, range(6, 12), rate=50)  # nearly idle: two workers are one too many
+    d = ticks.tick(run)
+    assert d.chosen_workers == 1 and d.outcome == "vetoed"
+    assert d.outcome_message.startswith("plug-in quiet-hour-end: no scale-down in the last "
+                                        "60 minutes of the hour")
+    assert run.events.filter(kind="held", message__contains="vetoed").exists()
+    ticks.set_dry_run(run, True, local_operator)
+    _publish(run, range(12, 18), rate=50)
+    dry = ticks.tick(run)
+    assert dry.outcome == "vetoed" and dry.outcome_message.startswith(
+        "dry run: plug-in quiet-hour-end")
+    monkeypatch.setenv("QUIET_HOUR_END_MINUTES", "0")
+    _publish(run, range(18, 24), rate=50)
+    assert ticks.tick(run).outcome == "dry-run"  # no longer vetoed
+
+
+def _two_runs(user, settings, cores: int):
+    from control.models import Policy
+    from pipelines.models import Run
+
+    settings.CLUSTER_CORES = cores
+    high = _run(user, priority=5)
+    low = _run(user, name="low")
+    Policy.objects.filter(pk=low.policy_id).update(priority=1, strategy="manual")
+    Run.objects.filter(pk=low.pk).update(workers=2)
+    low.refresh_from_db()
+    return high, low
+
+
+@pytest.mark.django_db
+def test_a_higher_priority_run_takes_a_core_back_by_a_planned_scale_down(
+        local_operator, clean_bus, settings) -> None:  # noqa: F811
+    from control import ticks
+    from control.models import Decision
+    from pipelines.models import Run
+
+    high, low = _two_runs(local_operator, settings, cores=3)
+    _overloaded(high)
+    asked = ticks.tick(high)
+    assert asked.chosen_workers == 2 and asked.outcome == "refused"
+    assert f"taking back 1 from run {low.pk}" in asked.outcome_message
+    taken = Decision.objects.get(run=low, strategy="arbiter")
+    assert (taken.strategy, taken.outcome, taken.current_workers, taken.chosen_workers) == \
+        ("arbiter", "pending", 2, 1)
+    assert taken.reason.startswith("preempted: 1 core(s) taken back by planned migration; "
+                                   f"run {high.pk} (priority 5 > 1) needs it")
+    assert low.events.filter(kind="preempted").exists()
+    assert high.events.filter(kind="held", message__contains="refused").exists()
+    # The scale-down took effect: the next step of the high-priority run is granted.
+    ticks.finish(taken.pk, True, "ok")
+    Run.objects.filter(pk=low.pk).update(workers=1)
+    _overloaded(high, 12)
+    granted = ticks.tick(high)
+    assert granted.outcome == "pending" and granted.chosen_workers == 2
+    assert Decision.objects.filter(run=low, strategy="arbiter").count() == 1  # once
+
+
+@pytest.mark.django_db
+def test_first_come_first_served_refuses_and_never_preempts(local_operator, clean_bus,
+                                                           settings) -> None:  # noqa: F811
+    from control import ticks
+    from control.models import Decision
+
+    settings.ARBITER = "fcfs"
+    high, low = _two_runs(local_operator, settings, cores=3)
+    _overloaded(high)
+    d = ticks.tick(high)
+    assert d.outcome == "refused" and "first come, first served" in d.outcome_message
+    assert not Decision.objects.filter(run=low, strategy="arbiter").exists()
+
+
+@pytest.mark.django_db
+def test_a_dry_run_says_whom_it_would_preempt_and_preempts_nobody(
+        local_operator, clean_bus, settings) -> None:  # noqa: F811
+    from control import ticks
+    from control.models import Decision
+
+    high, low = _two_runs(local_operator, settings, cores=3)
+    ticks.set_dry_run(high, True, local_operator)
+    _overloaded(high)
+    d = ticks.tick(high)
+    assert d.outcome == "refused"
+    assert f"would take back 1 from run {low.pk}" in d.outcome_message
+    assert not Decision.objects.filter(run=low, strategy="arbiter").exists()
+
+
+@pytest.mark.django_db
+def test_bad_fleet_fields_are_form_errors_and_nothing_is_stored(local_operator) -> None:
+    from control.forms import PolicyForm
+    from control.models import Policy
+
+    data = {"name": "fleet", "latency_bound_ms": 2000, "throughput_floor_rps": 0,
+            "power_budget_w": 30, "control_step_s": 2, "min_workers": 1,
+            "initial_workers": 1, "max_workers": 2, "strategy": "lat-node",
+            "strategy_params": "{}", "violation_steps": 3}
+    for extra, field, message in [
+        ({"excluded_periods": "61 * * * *"}, "excluded_periods", "not a valid cron"),
+        ({"excluded_periods": "* * *"}, "excluded_periods", "has 5 fields"),
+        ({"decision_plugins": ["ghost"]}, "decision_plugins", "not one of the available"),
+        ({"guaranteed_workers": 3}, "guaranteed_workers", "at most max workers (2)"),
+        ({"priority": 0}, "priority", "greater than or equal to 1"),
+    ]:
+        form = PolicyForm({**data, **extra})
+        assert not form.is_valid()
+        assert message in " ".join(form.errors[field]), form.errors
+    assert not Policy.objects.filter(name="fleet").exists()
+    form = PolicyForm({**data, "excluded_periods": "50-59 * * * *\n* 2 * * *",
+                       "decision_plugins": ["quiet-hour-end"], "priority": 3})
+    assert form.is_valid(), form.errors
+    saved = form.save()
+    assert saved.excluded_periods == ["50-59 * * * *", "* 2 * * *"]
+    assert saved.decision_plugins == ["quiet-hour-end"] and saved.guaranteed_workers == 1
