@@ -41,16 +41,6 @@ def _publish(run, batches: range, rate: float, duration: float = 1.0) -> None:
                              "source_end": int(rate * t)})
 
 
-@pytest.fixture
-def clean_bus():
-    import redis
-
-    r = redis.Redis.from_url(settings.REDIS_URL)
-    yield
-    for key in r.scan_iter("control:*"):
-        r.delete(key)
-
-
 @pytest.mark.django_db
 def test_ticks_store_decisions_and_keep_the_controller(local_operator, clean_bus) -> None:
     from control import ticks

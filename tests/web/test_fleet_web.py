@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import make_pipeline_and_policy
-from tests.web.test_control_loop import _publish, clean_bus  # noqa: F401
+from tests.web.test_control_loop import _publish
 
 
 def _run(user, name: str = "loop", **policy_fields):
@@ -40,7 +40,7 @@ def _overloaded(run, first: int = 6) -> None:
 
 @pytest.mark.django_db
 def test_an_excluded_period_holds_the_controller_and_scaling_resumes_after_it(
-        local_operator, clean_bus, settings) -> None:  # noqa: F811
+        local_operator, clean_bus, settings) -> None:
     from control import ticks
     from control.models import Policy
 
@@ -64,7 +64,7 @@ def test_an_excluded_period_holds_the_controller_and_scaling_resumes_after_it(
 
 @pytest.mark.django_db
 def test_the_cluster_wide_excluded_periods_hold_every_run(local_operator, clean_bus,
-                                                          settings) -> None:  # noqa: F811
+                                                          settings) -> None:
     from control import ticks
 
     settings.EXCLUDED_PERIODS = ["* * * * *"]
@@ -75,7 +75,7 @@ def test_the_cluster_wide_excluded_periods_hold_every_run(local_operator, clean_
 
 @pytest.mark.django_db
 def test_the_example_plugin_vetoes_a_scale_down_live_and_in_a_dry_run(
-        local_operator, clean_bus, monkeypatch) -> None:  # noqa: F811
+        local_operator, clean_bus, monkeypatch) -> None:
     from control import ticks
     from pipelines.models import Run
 
@@ -114,7 +114,7 @@ def _two_runs(user, settings, cores: int):
 
 @pytest.mark.django_db
 def test_a_higher_priority_run_takes_a_core_back_by_a_planned_scale_down(
-        local_operator, clean_bus, settings) -> None:  # noqa: F811
+        local_operator, clean_bus, settings) -> None:
     from control import ticks
     from control.models import Decision
     from pipelines.models import Run
@@ -142,7 +142,7 @@ def test_a_higher_priority_run_takes_a_core_back_by_a_planned_scale_down(
 
 @pytest.mark.django_db
 def test_first_come_first_served_refuses_and_never_preempts(local_operator, clean_bus,
-                                                           settings) -> None:  # noqa: F811
+                                                           settings) -> None:
     from control import ticks
     from control.models import Decision
 
@@ -156,7 +156,7 @@ def test_first_come_first_served_refuses_and_never_preempts(local_operator, clea
 
 @pytest.mark.django_db
 def test_a_dry_run_says_whom_it_would_preempt_and_preempts_nobody(
-        local_operator, clean_bus, settings) -> None:  # noqa: F811
+        local_operator, clean_bus, settings) -> None:
     from control import ticks
     from control.models import Decision
 
