@@ -262,6 +262,54 @@ class LabForm(forms.Form):
         return data
 
 
+class FleetLabForm(forms.Form):
+    """A Lab comparison of several runs on one cluster (``control/sim/fleet.py``): the
+    scenario as JSON, prefilled with an example of three runs of different priorities,
+    checked by the simulator's own parser (errors name the path)."""
+
+    name = forms.CharField(max_length=100, initial="arbiters")
+    scenario = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 24, "class": "mono"}),
+        help_text="runs: each with priority, guaranteed_workers, max_share_workers, "
+                  "excluded_periods, decision_plugins, strategy, workload, qos, system "
+                  "(as a single-run scenario); cluster.cores; arbiters to compare "
+                  "(priority, fcfs); start: the simulated clock's start (ISO 8601).")
+
+    def __init__(self, *args, user: object = None, **kwargs) -> None:
+        from control.sim import fleet as fleetsim
+
+        super().__init__(*args, **kwargs)
+        self.user = user
+        self.fields["scenario"].initial = json.dumps(fleetsim.EXAMPLE, indent=1)
+        self.scenario: dict | None = None
+
+    def clean_scenario(self) -> dict:
+        from control.sim import fleet as fleetsim
+
+        value = json_from_field(self.cleaned_data.get("scenario"))
+        if not isinstance(value, dict):
+            raise forms.ValidationError("Must be a JSON object with a list of runs.")
+        value.setdefault("runs", [])
+        try:
+            fleetsim.parse_fleet(value)
+        except sim.ScenarioError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return value
+
+    def clean(self) -> dict:
+        data = super().clean()
+        if self.errors:
+            return data
+        if self.user is not None and \
+                lab.active_labs(self.user) >= settings.LAB_MAX_ACTIVE_PER_USER:
+            self.add_error(None, (
+                f"You have {settings.LAB_MAX_ACTIVE_PER_USER} comparisons queued or "
+                "running; start this one when one of them has ended."))
+            return data
+        self.scenario = data["scenario"]
+        return data
+
+
 def _calibration_choices() -> list[tuple[object, str]]:
     return [("", "— none: the workload above —"), *lab.runs_to_calibrate_from()]
 

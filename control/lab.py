@@ -17,6 +17,7 @@ from django.db import transaction
 from audit import log as audit
 from control import live, policies, sim
 from control.sim import engine, from_run
+from control.sim import fleet as fleetsim
 from control.models import MAX_WORKERS_LIMIT, LabRun, LabStatus, Policy
 from pipelines.queue import Task, enqueue
 from pipelines.runtime.host.power import NOMINAL_GHZ, modelled_power
@@ -121,8 +122,10 @@ def _probe_strategy(scn: Any, spec: dict, index: int, share_s: float) -> tuple[f
 
 def start_lab(user: Any, name: str, scenario: dict) -> LabRun:
     """Store the comparison and queue it; the page follows its progress."""
+    runs = len(scenario.get("arbiters") or ["priority", "fcfs"]) if fleetsim.is_fleet(
+        scenario) else len(scenario["strategies"])
     lab = LabRun.objects.create(name=name, scenario=scenario, created_by=user,
-                                total=len(scenario["strategies"]) * scenario["steps"])
+                                total=runs * int(scenario.get("steps", 120)))
     transaction.on_commit(lambda: enqueue(Task.RUN_LAB, lab.pk))
     return lab
 
@@ -155,7 +158,9 @@ def execute(lab_id: int, time_limit_s: float | None = None) -> str:
             LabRun.objects.filter(pk=lab_id).update(progress=done, total=total)
 
     try:
-        result = sim.simulate(lab.scenario, progress=progress)
+        simulate = fleetsim.simulate_fleet if fleetsim.is_fleet(lab.scenario) else \
+            sim.simulate
+        result = simulate(lab.scenario, progress=progress)
     except (sim.ScenarioError, LabTimeLimit) as exc:
         LabRun.objects.filter(pk=lab_id).update(status=LabStatus.FAILED, error=str(exc))
         _status_changed(lab, LabStatus.RUNNING, LabStatus.FAILED, str(exc))
@@ -212,11 +217,35 @@ def _ordered(keys: list[str], canonical: list[str]) -> list[str]:
 def summary_rows(lab: LabRun) -> list[dict]:
     if not lab.result:
         return []
+    if lab.result.get("kind") == "fleet":
+        return fleet_rows(lab)
     rows = []
     for r in lab.result["results"]:
         keys = _ordered(list(r["summary"]), SUMMARY_FIELDS)
         rows.append({"label": r["label"], **{k: r["summary"][k] for k in keys}})
     return rows
+
+
+FLEET_FIELDS = ("latency_violations", "throughput_violations", "mean_workers",
+                "p95_latency_ms", "reconfigurations", "refused", "preempted", "excluded",
+                "vetoed")
+
+
+def fleet_rows(lab: LabRun) -> list[dict]:
+    """A fleet comparison's summary: one row per arbiter and run."""
+    rows = []
+    for r in (lab.result or {}).get("results", []):
+        for run in r["runs"]:
+            rows.append({"arbiter": r["arbiter"], "run": run["name"],
+                         "priority": run["priority"],
+                         **{k: run["summary"].get(k) for k in FLEET_FIELDS}})
+    return rows
+
+
+def fleet_totals(lab: LabRun) -> list[dict]:
+    """Per arbiter: violations (plain and priority-weighted), cores used, preemptions."""
+    return [{"arbiter": r["arbiter"], "label": r["label"], **r["summary"]}
+            for r in (lab.result or {}).get("results", [])]
 
 
 def bundle(lab: LabRun) -> bytes:
@@ -235,7 +264,18 @@ def bundle(lab: LabRun) -> bytes:
         z.writestr("summary.csv", out.getvalue())
         out = io.StringIO()
         results = (lab.result or {}).get("results", [])
-        if results:
+        if results and lab.result.get("kind") == "fleet":
+            writer = csv.writer(out)
+            writer.writerow(["arbiter", "run", "step", "asked", "workers", "latency_ms",
+                             "rate", "cores_used"])
+            for r in results:
+                for run in r["runs"]:
+                    series = run["series"]
+                    for i, workers in enumerate(series["workers"]):
+                        writer.writerow([r["arbiter"], run["name"], i, series["asked"][i],
+                                         workers, series["latency_ms"][i],
+                                         series["rate"][i], r["cores_used"][i]])
+        elif results:
             fields = _ordered(list(results[0]["series"]), SERIES_FIELDS)
             writer = csv.writer(out)
             writer.writerow(["strategy", *fields])

@@ -8,7 +8,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from control import lab, policies
-from control.forms import LabForm, PolicyForm
+from control.forms import FleetLabForm, LabForm, PolicyForm
 from control.models import LabRun, LabStatus, Policy
 
 
@@ -50,11 +50,24 @@ def lab_new(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
+@permission_required("control.add_labrun", raise_exception=True)
+def lab_fleet_new(request: HttpRequest) -> HttpResponse:
+    form = FleetLabForm(request.POST or None, user=request.user)
+    if request.method == "POST" and form.is_valid():
+        run = lab.start_lab(request.user, form.cleaned_data["name"], form.scenario)
+        return redirect("lab-detail", pk=run.pk)
+    return render(request, "control/lab_form.html", {"form": form, "fleet": True})
+
+
+@login_required
 @permission_required("control.view_labrun", raise_exception=True)
 def lab_detail(request: HttpRequest, pk: int) -> HttpResponse:
     run = get_object_or_404(LabRun, pk=pk)
+    fleet = bool(run.result and run.result.get("kind") == "fleet") or \
+        "runs" in (run.scenario or {})
     return render(request, "control/lab_detail.html",
-                  {"lab": run, "rows": lab.summary_rows(run), "result": run.result})
+                  {"lab": run, "rows": lab.summary_rows(run), "result": run.result,
+                   "fleet": fleet, "totals": lab.fleet_totals(run) if fleet else []})
 
 
 @login_required

@@ -279,3 +279,36 @@ def lab_detail_html(user, pk: int) -> str:
     client = Client()
     client.force_login(user)
     return client.get(f"/lab/{pk}/").content.decode()
+
+
+@pytest.mark.django_db
+def test_a_fleet_comparison_runs_in_the_lab_and_its_page_and_bundle_show_each_run(
+        operator, client) -> None:
+    from control import lab
+    from control.models import LabRun, LabStatus
+    from control.sim import fleet as fleetsim
+
+    client.force_login(operator)
+    page = client.get("/lab/new/fleet/")
+    assert page.status_code == 200 and b"payments" in page.content
+    bad = client.post("/lab/new/fleet/", {"name": "f", "scenario": '{"runs": [{"name": 1}], '
+                                                                    '"cluster": {"cores": 0}}'})
+    assert bad.status_code == 200 and b"cluster.cores" in bad.content
+    assert not LabRun.objects.exists()
+    response = client.post("/lab/new/fleet/", {"name": "arbiters",
+                                               "scenario": json.dumps(fleetsim.EXAMPLE)})
+    run = LabRun.objects.get()
+    assert response.status_code == 302 and run.total == 2 * 120
+    assert lab.execute(run.pk) == f"lab {run.pk} done"
+    run.refresh_from_db()
+    assert run.status == LabStatus.DONE and run.progress == run.total
+    page = client.get(f"/lab/{run.pk}/").content.decode()
+    assert 'id="fleet-totals"' in page and "reports" in page and "fcfs" in page
+    rows = lab.fleet_rows(run)
+    assert {(r["arbiter"], r["run"]) for r in rows} == {
+        (a, n) for a in ("priority", "fcfs") for n in ("payments", "reports", "audit")}
+    with zipfile.ZipFile(io.BytesIO(lab.bundle(run))) as z:
+        series = z.read("series.csv").decode().splitlines()
+        assert series[0] == "arbiter,run,step,asked,workers,latency_ms,rate,cores_used"
+        assert len(series) == 1 + 2 * 3 * 120
+    assert b"3 runs on one cluster" in client.get("/lab/").content
