@@ -1,7 +1,8 @@
 """``python -m control simulate | reproduce-thesis | bench-sim``.
 
 ``simulate`` reads a JSON scenario (file, or stdin for ``-``/nothing) and prints the
-per-step series and the summary of every strategy; bad input prints one line
+per-step series and the summary of every strategy (a fleet scenario, with ``runs``:
+every arbiter, ``control/sim/fleet.py``); bad input prints one line
 ``error: …`` on stderr and exits 2. Schema: ``control/sim/README.md``.
 """
 from __future__ import annotations
@@ -15,14 +16,18 @@ from control.jsonio import InputError, read_json
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from control.sim import fleet as fleetsim
+
     try:
-        out = sim.simulate(read_json(args.file))
+        doc = read_json(args.file)
+        out = fleetsim.simulate_fleet(doc) if fleetsim.is_fleet(doc) else sim.simulate(doc)
     except (InputError, sim.ScenarioError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.summary_only:
         for res in out["results"]:
-            res.pop("series")
+            for part in res.get("runs", [res]):
+                part.pop("series")
     print(json.dumps(out, allow_nan=False))
     return 0
 
