@@ -149,11 +149,11 @@ def _relation_changed(attribute: str) -> Any:
 
 
 def tracked_models() -> list[type[models.Model]]:
-    from control.models import LabRun, Policy
+    from control.models import FleetSettings, LabRun, Policy
     from pipelines.models import Connection, Pipeline, PipelineVersion, Run
 
-    return [Pipeline, PipelineVersion, Policy, Run, LabRun, Connection, get_user_model(),
-            Group]
+    return [Pipeline, PipelineVersion, Policy, Run, LabRun, Connection, FleetSettings,
+            get_user_model(), Group]
 
 
 def connect() -> None:

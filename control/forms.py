@@ -262,6 +262,37 @@ class LabForm(forms.Form):
         return data
 
 
+class FleetSettingsForm(forms.ModelForm):
+    """The Cluster page's fleet settings (admins): arbiter, cores shared, cluster-wide
+    excluded periods (one cron expression a line)."""
+
+    arbiter = forms.ChoiceField(choices=[])
+    excluded_periods = forms.CharField(
+        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+        help_text="One cron expression a line (minute hour day month weekday, UTC), e.g. "
+                  "* 2 * * * for 02:00-02:59 every day.")
+
+    class Meta:
+        from control.models import FleetSettings
+
+        model = FleetSettings
+        fields = ["arbiter", "cores_limit", "excluded_periods"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        from control import fleet
+
+        super().__init__(*args, **kwargs)
+        self.fields["arbiter"].choices = [(name, build().label)
+                                          for name, build in fleet.ARBITERS.items()]
+        periods = self.initial.get("excluded_periods")
+        if isinstance(periods, list):
+            self.initial["excluded_periods"] = "\n".join(periods)
+
+    def clean_excluded_periods(self) -> list[str]:
+        return [line.strip() for line in (self.cleaned_data.get("excluded_periods") or "")
+                .splitlines() if line.strip()]
+
+
 class FleetLabForm(forms.Form):
     """A Lab comparison of several runs on one cluster (``control/sim/fleet.py``): the
     scenario as JSON, prefilled with an example of three runs of different priorities,

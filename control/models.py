@@ -184,6 +184,58 @@ def fleet_errors(policy: Policy) -> dict[str, str]:
     return errors
 
 
+class FleetSettings(models.Model):
+    """How the runs share the cluster (one row, ``current()``): the arbiter, the cores it
+    shares (all the master's alive cores, or fewer: cores kept for other Spark
+    applications) and the cluster-wide excluded periods, which every policy's own join.
+    Edited on the Cluster page by admins; its first values come from the environment
+    (ARBITER, EXCLUDED_PERIODS)."""
+
+    arbiter = models.CharField(max_length=20, default="priority",
+                               help_text="priority: cores where the priority-weighted "
+                                         "modelled violations fall most, taking cores back "
+                                         "from lower priorities; fcfs: first come, first "
+                                         "served, no preemption.")
+    cores_limit = models.PositiveIntegerField(
+        "cores shared by runs", null=True, blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(100_000)],
+        help_text="Empty: every alive core of the Spark master.")
+    excluded_periods = models.JSONField(
+        default=list, blank=True,
+        help_text="Cron expressions (UTC): no run scales in a minute any of them matches.")
+    updated_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True,
+                                   on_delete=models.SET_NULL, related_name="+")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "fleet settings"
+
+    def __str__(self) -> str:
+        return "fleet settings"
+
+    @classmethod
+    def current(cls) -> FleetSettings:
+        found = cls.objects.filter(pk=1).first()
+        if found is not None:
+            return found
+        made, _ = cls.objects.get_or_create(pk=1, defaults={
+            "arbiter": settings.ARBITER, "excluded_periods": list(settings.EXCLUDED_PERIODS)})
+        return made
+
+    def clean(self) -> None:
+        from control import fleet
+
+        errors: dict[str, str] = {}
+        if self.arbiter not in fleet.ARBITERS:
+            errors["arbiter"] = f"one of {', '.join(fleet.ARBITERS)}"
+        try:
+            self.excluded_periods = [fleet.check_cron(p) for p in self.excluded_periods or []]
+        except fleet.FleetError as exc:
+            errors["excluded_periods"] = str(exc)
+        if errors:
+            raise ValidationError(errors)
+
+
 class PolicyVersion(models.Model):
     """One version of a policy's settings. A run keeps the version it started with; an
     edit of the policy makes a new version, which a running run uses only when an

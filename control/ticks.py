@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from control import fleet, gates, live, plugins
 from control.controlloop import ControlLoop, GateVerdict, Outcome
-from control.models import Decision, DecisionOutcome, Policy
+from control.models import Decision, DecisionOutcome, FleetSettings, Policy
 from control.strategies.mpc import Config
 from pipelines import actions, launch
 from pipelines.models import EventKind, Run, RunStatus
@@ -243,9 +243,10 @@ def control_loop(run: Run, policy: Policy, r: Any) -> ControlLoop:
 
 # ------------------------------------------------------------------ the fleet's gate
 def guards_of(policy: Policy) -> fleet.Guards:
-    """The policy's guards and the cluster's excluded periods (EXCLUDED_PERIODS)."""
+    """The policy's guards and the cluster's excluded periods (``FleetSettings``)."""
     return fleet.Guards(
-        excluded_periods=tuple(settings.EXCLUDED_PERIODS) + tuple(policy.excluded_periods or ()),
+        excluded_periods=tuple(FleetSettings.current().excluded_periods or ())
+        + tuple(policy.excluded_periods or ()),
         max_reconfigurations_per_hour=policy.max_reconfigurations_per_hour,
         cooldown_up_s=policy.cooldown_up_s or 0.0, cooldown_down_s=policy.cooldown_down_s or 0.0)
 
@@ -298,7 +299,7 @@ def _claim(run: Run, policy: Policy, asked: int | None = None,
 
 
 class ArbiterGate:
-    """The cluster's arbiter (``control.fleet``, ``settings.ARBITER``) on a decision that
+    """The cluster's arbiter (``control.fleet``, ``FleetSettings.arbiter``) on a decision that
     asks for more workers: granted when the cluster's free cores allow; otherwise the
     arbiter decides over every running run's claim, and the cores it takes back from
     lower-priority runs are released by a planned scale-down of theirs (a Decision of
@@ -308,18 +309,17 @@ class ArbiterGate:
         self.run, self.policy = run, policy
 
     def review(self, decision: live.LiveDecision, acting: bool) -> GateVerdict | None:
-        from pipelines.cluster_status import cluster_cores
-
         held, asked = decision.current["workers"], decision.chosen["workers"]
         if asked <= held:
             return None
-        capacity, _source = cluster_cores()
+        shared = FleetSettings.current()
+        capacity, _source = fleet_capacity(shared)
         others = list(Run.objects.filter(status=RunStatus.RUNNING).exclude(pk=self.run.pk)
                       .select_related("policy", "pipeline_version"))
         mine = _claim(self.run, self.policy, asked,
                       decision.inputs.get("violation_by_workers"), time.time())
         claims = [mine] + [_claim(o, o.policy_in_force) for o in others]
-        allocation = fleet.arbiter(settings.ARBITER).allocate(capacity, claims)
+        allocation = fleet.arbiter(shared.arbiter).allocate(capacity, claims)
         share = allocation.shares[mine.run]
         in_use = sum(c.held for c in claims)
         free = capacity - in_use
@@ -328,7 +328,7 @@ class ArbiterGate:
                    if allocation.shares[str(o.pk)].preempted > 0]
         if victims and acting:
             for other, victim_share in victims:
-                preempt(other, victim_share, self.run)
+                preempt(other, victim_share, self.run, shared.arbiter)
         if granted >= asked:
             return None
         if granted > held:
@@ -343,7 +343,36 @@ class ArbiterGate:
         return GateVerdict(f"arbiter: {share.reason}", Outcome.REFUSED)
 
 
-def preempt(run: Run, share: fleet.Share, taker: Run) -> Decision | None:
+def fleet_shares() -> list[dict[str, Any]]:
+    """Each running run's share of the cluster for the Cluster and fleet pages: its
+    policy's priority and guarantee, the workers it holds, what its latest decision asked
+    and how that ended."""
+    rows = []
+    for run in Run.objects.filter(status=RunStatus.RUNNING).select_related(
+            "policy", "pipeline_version__pipeline").order_by("pk"):
+        policy = run.policy_in_force
+        last = Decision.objects.filter(run=run).order_by("-step").first()
+        rows.append({"run": run, "priority": policy.priority,
+                     "guaranteed": policy.guaranteed_workers,
+                     "max_share": policy.max_share_workers, "holds": run.workers,
+                     "asked": last.chosen_workers if last else run.workers,
+                     "last": last})
+    return rows
+
+
+def fleet_capacity(shared: FleetSettings | None = None) -> tuple[int, str]:
+    """The cores the arbiter shares: the master's alive cores (``cluster_cores``), or
+    fewer where the fleet settings keep some for other applications."""
+    from pipelines.cluster_status import cluster_cores
+
+    shared = shared or FleetSettings.current()
+    cores, source = cluster_cores()
+    if shared.cores_limit is not None and shared.cores_limit < cores:
+        return shared.cores_limit, f"the fleet settings' limit ({cores} alive: {source})"
+    return cores, source
+
+
+def preempt(run: Run, share: fleet.Share, taker: Run, arbiter: str) -> Decision | None:
     """Take cores back from ``run`` by a planned scale-down to ``share.granted`` (the
     runner migrates its key groups off the released workers first), unless the run's
     own tick or a reconfiguration of it is under way (the next step tries again)."""
@@ -362,7 +391,7 @@ def preempt(run: Run, share: fleet.Share, taker: Run) -> Decision | None:
             outcome_message=f"preempted for run {taker.pk}; sent to the runner",
             current_workers=run.workers, current_freq_ghz=freq,
             chosen_workers=share.granted, chosen_freq_ghz=freq, solve_ms=0.0,
-            reason=share.reason, inputs={"arbiter": settings.ARBITER, "taker": taker.pk})
+            reason=share.reason, inputs={"arbiter": arbiter, "taker": taker.pk})
         r.set(_key(run, "pending"), decision.pk,
               ex=int(settings.COMMAND_ACK_TIMEOUT_S) * 2 + 30)
         actions.record_event(run, EventKind.PREEMPTED, ACTOR,

@@ -499,12 +499,31 @@ def cluster_page(request: HttpRequest) -> HttpResponse:
     on each (issue: runs beyond one machine)."""
     from pipelines import cluster_status
 
+    from control import plugins
+    from control.forms import FleetSettingsForm
+    from control.models import FleetSettings
+
+    shared = FleetSettings.current()
+    form = FleetSettingsForm(request.POST or None, instance=shared)
+    if request.method == "POST":
+        if not request.user.is_staff:
+            raise PermissionDenied
+        if form.is_valid():
+            saved = form.save(commit=False)
+            saved.updated_by = request.user
+            saved.save()
+            messages.success(request, "Fleet settings saved.")
+            return redirect("cluster")
     overview = cluster_status.overview()
     cores, source = cluster_status.cluster_cores()
     workers = [{"status": w, "runs": overview.runs_on(w.host)} for w in overview.workers]
+    shared_cores, shared_source = ticks.fleet_capacity(shared)
     return render(request, "pipelines/cluster.html",
                   {"cluster": overview, "workers": workers, "cores": cores,
-                   "cores_source": source, "operator_packages": _operator_packages()})
+                   "cores_source": source, "operator_packages": _operator_packages(),
+                   "fleet": shared, "fleet_form": form, "shares": ticks.fleet_shares(),
+                   "shared_cores": shared_cores, "shared_source": shared_source,
+                   "decision_plugins": plugins.installed()})
 
 
 @login_required

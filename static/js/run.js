@@ -264,6 +264,13 @@
     return v === null || v === undefined ? "—" : Number(v).toFixed(digits);
   }
 
+  // Why the fleet held a decision (a guard, a plug-in, the arbiter) or took cores back
+  // (the arbiter's own decisions): said in the row, not only on hover.
+  function heldWhy(d) {
+    if (["excluded", "vetoed", "refused"].includes(d.outcome)) return d.outcome_message;
+    return d.strategy === "arbiter" ? d.reason : "";
+  }
+
   function addDecision(d) {
     const tbody = document.querySelector("#decisions tbody");
     const known = seenDecisions.get(d.step);
@@ -280,7 +287,7 @@
       d.predicted_power_w === null ? "—" : fmt(d.predicted_power_w, 1) + " W", cost,
       fmt(d.solve_ms, 2) + " ms",
       d.rebalance ? `rebalance: ${Object.keys(d.rebalance.moves).length} groups` : d.action,
-      d.outcome];
+      d.outcome + (heldWhy(d) ? ": " + heldWhy(d) : "")];
     for (const text of cells) cell(tr, String(text));
     tr.lastChild.className = "o-" + d.outcome;
     tr.lastChild.title = d.outcome_message || d.reason || "";

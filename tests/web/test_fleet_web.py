@@ -67,7 +67,9 @@ def test_the_cluster_wide_excluded_periods_hold_every_run(local_operator, clean_
                                                           settings) -> None:
     from control import ticks
 
-    settings.EXCLUDED_PERIODS = ["* * * * *"]
+    from control.models import FleetSettings
+
+    FleetSettings.objects.update_or_create(pk=1, defaults={"excluded_periods": ["* * * * *"]})
     run = _run(local_operator)
     _overloaded(run)
     assert ticks.tick(run).outcome == "excluded"
@@ -146,7 +148,9 @@ def test_first_come_first_served_refuses_and_never_preempts(local_operator, clea
     from control import ticks
     from control.models import Decision
 
-    settings.ARBITER = "fcfs"
+    from control.models import FleetSettings
+
+    FleetSettings.objects.update_or_create(pk=1, defaults={"arbiter": "fcfs"})
     high, low = _two_runs(local_operator, settings, cores=3)
     _overloaded(high)
     d = ticks.tick(high)
@@ -195,3 +199,43 @@ def test_bad_fleet_fields_are_form_errors_and_nothing_is_stored(local_operator) 
     saved = form.save()
     assert saved.excluded_periods == ["50-59 * * * *", "* 2 * * *"]
     assert saved.decision_plugins == ["quiet-hour-end"] and saved.guaranteed_workers == 1
+
+
+@pytest.mark.django_db
+def test_the_cluster_page_shows_each_runs_share_and_admins_edit_the_fleet_settings(
+        local_operator, clean_bus, settings) -> None:
+    from django.test import Client
+
+    from audit.models import AuditEntry
+    from control.models import FleetSettings
+    from tests.web.test_roles import _user
+
+    settings.CLUSTER_CORES = 3
+    high, low = _two_runs(local_operator, settings, cores=3)
+    _overloaded(high)
+    from control import ticks
+
+    ticks.tick(high)
+    viewer = Client()
+    viewer.force_login(_user("watcher", "viewer"))
+    page = viewer.get("/cluster/").content.decode()
+    assert 'id="fleet-shares"' in page and f'data-run="{low.pk}"' in page
+    assert "arbiter" in page and "preempted" in page  # the low run's latest decision
+    assert 'id="fleet-settings"' not in page  # not an admin
+    assert viewer.post("/cluster/", {"arbiter": "fcfs"}).status_code == 403
+    assert "quiet-hour-end" in page  # the installed plug-ins
+    admin = Client()
+    admin.force_login(local_operator)
+    bad = admin.post("/cluster/", {"arbiter": "priority", "cores_limit": "2",
+                                   "excluded_periods": "99 * * * *"})
+    assert bad.status_code == 200 and "not a valid cron expression" in bad.content.decode()
+    assert FleetSettings.current().excluded_periods == []
+    ok = admin.post("/cluster/", {"arbiter": "fcfs", "cores_limit": "2",
+                                  "excluded_periods": "* 2 * * *"})
+    assert ok.status_code == 302
+    shared = FleetSettings.current()
+    assert (shared.arbiter, shared.cores_limit, shared.excluded_periods) == \
+        ("fcfs", 2, ["* 2 * * *"])
+    assert ticks.fleet_capacity(shared)[0] == 2
+    entry = AuditEntry.objects.filter(target_type__icontains="fleet").latest("at")
+    assert entry.actor == "user:operator" and entry.after["arbiter"] == "fcfs"
