@@ -321,25 +321,40 @@ class ArbiterGate:
         claims = [mine] + [_claim(o, o.policy_in_force) for o in others]
         allocation = fleet.arbiter(shared.arbiter).allocate(capacity, claims)
         share = allocation.shares[mine.run]
-        in_use = sum(c.held for c in claims)
-        free = capacity - in_use
+        # The cores the others will hold: a reconfiguration of theirs under way counts at
+        # its target (their claim asks for it), a core taken back now at what is left.
+        # The new executor is requested at once: the cluster manager starts it as the
+        # released core comes free (the victim's key groups move off it first).
+        others_after, released, names = 0, 0, []
+        for other, claim in zip(others, claims[1:]):
+            their = allocation.shares[claim.run]
+            if their.preempted and acting and preempt(other, their, self.run,
+                                                      shared.arbiter) is not None:
+                others_after += their.granted
+                released += claim.held - their.granted
+                names.append(f"run {other.pk}")
+            elif their.preempted:
+                others_after += claim.asked
+                names.append(f"run {other.pk}")
+            else:
+                others_after += claim.asked
+        free = capacity - others_after - held
         granted = min(share.granted, held + max(free, 0))
-        victims = [(o, allocation.shares[str(o.pk)]) for o in others
-                   if allocation.shares[str(o.pk)].preempted > 0]
-        if victims and acting:
-            for other, victim_share in victims:
-                preempt(other, victim_share, self.run, shared.arbiter)
         if granted >= asked:
+            if released:
+                return GateVerdict(f"arbiter: {share.reason}; {released} core(s) being "
+                                   f"released by {', '.join(names)}",
+                                   decision=decision)
             return None
         if granted > held:
-            return GateVerdict(f"arbiter: {share.reason}; {free} core(s) free now",
+            return GateVerdict(f"arbiter: {share.reason}; {max(free, 0)} core(s) free",
                                decision=gates.with_workers(decision, granted))
         if share.granted > held:
-            names = ", ".join(f"run {o.pk}" for o, _s in victims) or "other runs"
             verb = "taking back" if acting else "would take back"
             return GateVerdict(f"arbiter: waiting for a core: {verb} "
-                               f"{share.granted - held - max(free, 0)} from {names} "
-                               f"(priority {mine.priority}); {share.reason}", Outcome.REFUSED)
+                               f"{share.granted - held - max(free, 0)} from "
+                               f"{', '.join(names) or 'other runs'} (priority "
+                               f"{mine.priority}); {share.reason}", Outcome.REFUSED)
         return GateVerdict(f"arbiter: {share.reason}", Outcome.REFUSED)
 
 

@@ -20,7 +20,7 @@ BLAS threads count) and the PE's whole run (the process's CPU between batches, w
 holds the crossing's Arrow conversions) per Arrow batch, and appends the sums to a
 profile file per worker process (``planopt.read_profile`` reads them).
 
-The two operator sets:
+The operator sets:
 
 * ``quote_*``: the thesis' HFT kernel (De Matteis, thesis §7.1) split into six steps of
   uneven cost over the generator's quotes — parse, enrich, bucket, fit, score, format.
@@ -30,6 +30,11 @@ The two operator sets:
 * ``bid_*``: NEXMark bids (Beam's ``Bid``: auction, bidder, price, dateTime, extra):
   Query 1's currency conversion (``price * 89 / 100``, Beam ``Query1``), then parsing
   the ``extra`` field, a price band, a fraud score and a formatted record.
+* ``external_wait``: a stand-in for an operator that waits on an external service (a
+  lookup, a model server): inside a Spark task it waits ``us_per_record`` a record,
+  whatever the machine's speed, and uses no CPU doing so. Benchmarks and tests that need
+  a known cost per record use it (``manage.py bench shares``); the verifier, outside
+  Spark, computes its column without waiting.
 """
 from __future__ import annotations
 
@@ -206,6 +211,16 @@ def _bid_format(df: pd.DataFrame, _p: dict[str, Any]) -> pd.DataFrame:
     return df
 
 
+def _external_wait(df: pd.DataFrame, p: dict[str, Any]) -> pd.DataFrame:
+    from pyspark import TaskContext
+
+    # Only in a Spark task: the verifier and the plan's profiler call the same function
+    # outside Spark, where the wait would only slow them down.
+    if len(df) and TaskContext.get() is not None:
+        time.sleep(len(df) * p["us_per_record"] / 1e6)
+    return df.assign(waited_us=np.full(len(df), p["us_per_record"], dtype=np.int64))
+
+
 _FIT = {"ticks": (128, 4, 4096)}
 # The product's own operators: the first operator package (``packages.BUILTIN``); a
 # pipeline names any installed package's through ``packages.operator``.
@@ -236,6 +251,10 @@ BUILTIN_OPERATORS: dict[str, PyOperator] = {op.name: op for op in (
                dict(_FIT), doc="a bidder's fraud score over ticks steps"),
     PyOperator("bid_format", ("auction", "bidder", "price", "fraud"), {"message": "string"},
                _bid_format, doc="the bid as a text record"),
+    PyOperator("external_wait", (), {"waited_us": "long"}, _external_wait,
+               {"us_per_record": (1000, 0, 100_000)},
+               doc="waits us_per_record a record in a Spark task, as a call to an "
+                   "external service would (no CPU); a known cost per record"),
 )}
 
 
