@@ -24,6 +24,7 @@ five adapters and call the same :meth:`ControlLoop.tick`.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -163,7 +164,11 @@ class ControlLoop:
                 return decision, held, (f"dry run: {verdict.message}" if self.dry_run
                                         else verdict.message)
             if verdict is not None:
-                decision, note = verdict.decision, f" ({verdict.message})"
+                # Kept with the decision: its outcome message is replaced when it ends.
+                decision = dataclasses.replace(
+                    verdict.decision, inputs={**verdict.decision.inputs,
+                                              "gate": verdict.message})
+                note = f" ({verdict.message})"
                 if decision.action == "hold":
                     return decision, Outcome.HOLD, verdict.message
         if self.dry_run:

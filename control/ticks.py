@@ -452,9 +452,11 @@ def raise_alert(run: Run, message: str, decision: Decision | None = None) -> Non
 def finish(decision_id: int, ok: bool, message: str) -> None:
     """Record how a pending decision ended (called by ``apply_decision``)."""
     decision = Decision.objects.select_related("run").get(pk=decision_id)
+    gate = (decision.inputs or {}).get("gate")  # why the fleet changed it: still said
     Decision.objects.filter(pk=decision_id).update(
         outcome=DecisionOutcome.APPLIED if ok else DecisionOutcome.FAILED,
-        outcome_message=message, applied_at=timezone.now() if ok else None)
+        outcome_message=f"{message} ({gate})" if gate else message,
+        applied_at=timezone.now() if ok else None)
     decision.refresh_from_db()
     launch.run_bus(decision.run).r.delete(_key(decision.run, "pending"))
     actions.push(decision.run_id, {"type": "run.decision", "decision": decision.as_dict()})

@@ -13,6 +13,17 @@ from control.models import LabRun, LabStatus, Policy
 
 
 @login_required
+@permission_required("pipelines.view_run", raise_exception=True)
+def fleet_page(request: HttpRequest) -> HttpResponse:
+    """The landing page: every active run at a glance (p95 against its bound as a
+    sparkline, rate, workers and share, recent alerts, the last decision) and the
+    cluster's cores in use."""
+    from control import fleetview
+
+    return render(request, "control/fleet.html", fleetview.overview())
+
+
+@login_required
 @permission_required("control.view_policy", raise_exception=True)
 def policy_list(request: HttpRequest) -> HttpResponse:
     return render(request, "control/policy_list.html", {"policies": Policy.objects.all()})

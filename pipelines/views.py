@@ -207,9 +207,15 @@ def _picture(doc: Any) -> Any:
 @login_required
 @permission_required("pipelines.view_run", raise_exception=True)
 def run_list(request: HttpRequest) -> HttpResponse:
+    from pipelines.management.commands.seed_demo import ELASTIC_PIPELINE, ELASTIC_POLICY
+
     runs = Run.objects.select_related("pipeline_version__pipeline", "policy")[:200]
+    # The README's first run is the elastic demo under its MPC policy: chosen already.
+    initial = {"pipeline": Pipeline.objects.filter(name=ELASTIC_PIPELINE).first(),
+               "policy": Policy.objects.filter(name=ELASTIC_POLICY).first()}
     return render(request, "pipelines/run_list.html",
-                  {"runs": runs, "start_form": StartRunForm()})
+                  {"runs": runs, "start_form": StartRunForm(
+                      initial={k: v for k, v in initial.items() if v is not None})})
 
 
 @login_required

@@ -116,7 +116,7 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 
 LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "run-list"
+LOGIN_REDIRECT_URL = "fleet"
 LOGOUT_REDIRECT_URL = "login"
 
 # Login throttling (django-axes): after AXES_FAILURE_LIMIT failed logins for one user

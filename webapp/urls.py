@@ -8,7 +8,7 @@ from api.prometheus import metrics_view
 from api.v1 import api as api_v1
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="run-list", permanent=False)),
+    path("", RedirectView.as_view(pattern_name="fleet", permanent=False)),
     path("login/", auth_views.LoginView.as_view(authentication_form=LoginForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),

@@ -268,3 +268,37 @@ def test_the_verifiers_filter_equals_spark_sqls_null_rules_row_by_row() -> None:
     kept = dataflow_pandas.keep(frame, dataflow.parse_expression(
         "s is not None", columns, "where"))
     assert kept["s"].notna().all() and len(kept) == frame["s"].notna().sum()
+
+
+def test_the_verifiers_keyed_aggregate_equals_a_plain_loop() -> None:
+    """verifier._keyed_expected (pandas) against the aggregates worked out record by
+    record: count counts rows, sum/min/max/mean skip nulls, max_by takes the value at the
+    largest order (rows without an order do not count)."""
+    import math
+    import random
+
+    import pandas as pd
+
+    from pipelines.runtime.spec import dataflow
+    from pipelines.runtime.verify import verifier
+
+    rng = random.Random(5)
+    rows = [{"key": rng.randint(0, 6), "value": None if rng.random() < 0.1 else
+             rng.uniform(0, 100), "seq": i} for i in range(400)]
+    node = dataflow.Node(id="agg", type="keyed_aggregate", inputs=("in",), path="nodes[1]",
+                         params={"key": ["key"], "aggregates": {
+                             "n": ("count", ""), "total": ("sum", "value"),
+                             "low": ("min", "value"), "high": ("max", "value"),
+                             "avg": ("mean", "value"), "last": ("max_by", "value", "seq")}},
+                         columns={})
+    got = verifier._keyed_expected(pd.DataFrame(rows), node).set_index("key")
+    for key in {r["key"] for r in rows}:
+        mine = [r for r in rows if r["key"] == key]
+        values = [r["value"] for r in mine if r["value"] is not None]
+        row = got.loc[key]
+        assert row["n"] == len(mine)
+        assert math.isclose(row["total"], sum(values), rel_tol=1e-12)
+        assert row["low"] == min(values) and row["high"] == max(values)
+        assert math.isclose(row["avg"], sum(values) / len(values), rel_tol=1e-12)
+        assert row["last"] == max(mine, key=lambda r: r["seq"])["value"] or (
+            math.isnan(row["last"]) and max(mine, key=lambda r: r["seq"])["value"] is None)

@@ -245,3 +245,57 @@ def test_the_cluster_page_shows_each_runs_share_and_admins_edit_the_fleet_settin
     assert ticks.fleet_capacity(shared)[0] == 2
     entry = AuditEntry.objects.filter(target_type__icontains="fleet").latest("at")
     assert entry.actor == "user:operator" and entry.after["arbiter"] == "fcfs"
+
+
+@pytest.mark.django_db
+def test_the_fleet_page_shows_every_active_run_at_a_glance(local_operator, clean_bus,
+                                                           settings) -> None:
+    from django.test import Client
+
+    from control import fleetview, ticks
+    from pipelines.models import MetricSample
+
+    high, low = _two_runs(local_operator, settings, cores=3)
+    for i, p95 in enumerate((1200.0, 4000.0, 6100.0)):
+        MetricSample.objects.create(run=high, t=ticks.timezone.now(), batch_id=i,
+                                    latency_p95_ms=p95, output_rate=880.0, input_rate=900.0,
+                                    workers=1)
+    _overloaded(high)
+    ticks.tick(high)
+    client = Client()
+    client.force_login(local_operator)
+    response = client.get("/")
+    assert response.status_code == 302 and response.url == "/fleet/"
+    page = client.get("/fleet/").content.decode()
+    assert 'id="fleet-runs"' in page and f'data-run="{high.pk}"' in page
+    assert f'data-run="{low.pk}"' in page
+    assert "3 of 3 cores in use" in page.replace("<strong>", "").replace("</strong>", "")
+    assert "6100 / 5000 ms" in page and 'class="spark over"' in page
+    assert "880" in page and "being released by run" in page
+    # The sparkline: every batch a point, the bound a line inside the box.
+    line = fleetview.sparkline([1200.0, None, 6100.0], 5000.0)
+    assert line.points.count(",") == 2 and line.over and 0 < line.bound_y < line.height
+    assert fleetview.sparkline([], 5000.0).points == ""
+
+
+@pytest.mark.django_db
+def test_the_runs_page_preselects_the_readmes_first_run(local_operator) -> None:
+    from django.test import Client
+
+    from control.models import Policy
+    from pipelines import actions
+    from pipelines.management.commands.seed_demo import ELASTIC_PIPELINE, ELASTIC_POLICY
+    from pipelines.models import Pipeline
+    from tests.conftest import SMALL_DEFINITION
+
+    for name in ("A first pipeline", ELASTIC_PIPELINE):
+        actions.save_pipeline(Pipeline(name=name, definition=SMALL_DEFINITION), local_operator)
+    for name in ("a-policy", ELASTIC_POLICY):
+        Policy.objects.create(name=name, latency_bound_ms=5000, power_budget_w=40)
+    client = Client()
+    client.force_login(local_operator)
+    page = client.get("/runs/").content.decode()
+    pipeline = Pipeline.objects.get(name=ELASTIC_PIPELINE)
+    policy = Policy.objects.get(name=ELASTIC_POLICY)
+    assert f'<option value="{pipeline.pk}" selected>' in page
+    assert f'<option value="{policy.pk}" selected>' in page

@@ -39,6 +39,9 @@ CATALOGUE: tuple[Benchmark, ...] = (
               "statuses, lost runs, push latency) vs one viewer of one run",
               ("manage.py", "bench_load"), ("--minutes", "1", "--viewers", "10",
                                             "--baseline-s", "20")),
+    Benchmark("shares", "three runs of different priorities on an over-committed cluster: "
+              "the arbiter's grants, preemptions by planned migration, violations, verifier",
+              ("manage.py", "bench_shares")),
     Benchmark("start", "Start POST -> first point on the run page vs a bare PySpark "
               "application", ("manage.py", "bench_start"), ("--runs", "3")),
     Benchmark("jvm-start", "a new Spark application's first Python task with the class "

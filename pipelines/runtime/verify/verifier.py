@@ -293,6 +293,9 @@ def _verify_reference(spec: definition.PipelineSpec, t0: float, committed: list[
     if spec.reference is None and python_checkable(spec) is None:
         _verify_python(spec, t0, committed, end, output_dir, report, progress)
         return
+    if spec.reference is None and keyed_checkable(spec) is not None:
+        _verify_keyed(spec, t0, committed, end, output_dir, report, progress)
+        return
     if spec.reference is None:
         report.problem("unexpected", 0, "this dataflow pipeline names no reference result "
                        "to check its output against")
@@ -353,6 +356,73 @@ def python_checkable(spec: definition.PipelineSpec) -> str | None:
     if not any(n.type == "python" for n in spec.graph.nodes):
         return "it has no Python operator"
     return None
+
+
+def keyed_checkable(spec: definition.PipelineSpec) -> dataflow.Node | None:
+    """The keyed_aggregate of a pipeline that is a stateless chain of filters and Python
+    operators into one keyed_aggregate into the sink (checked against pandas' groupby
+    over the records the chain computes), or None."""
+    assert spec.graph is not None
+    stateful = [n for n in spec.graph.nodes if n.stateful]
+    if len(stateful) != 1 or stateful[0].type != "keyed_aggregate":
+        return None
+    node = stateful[0]
+    upstream = [n for n in spec.graph.ancestors(node.id)
+                if n.type not in (*dataflow.SOURCE_TYPES, "filter", "python")]
+    readers = [n for n in spec.graph.nodes if node.id in n.inputs]
+    if upstream or any(n.type != "sink" for n in readers):
+        return None
+    return node
+
+
+def _keyed_expected(frame: pd.DataFrame, node: dataflow.Node) -> pd.DataFrame:
+    """Spark's groupBy(key).agg(...) of ``dataflow_spark._aggregate``, in pandas: count
+    counts rows, the others skip nulls and are doubles."""
+    key = list(node.params["key"])
+    groups = frame.groupby(key, dropna=False)
+    out = groups.size().rename("_rows").reset_index()
+    for name, (fn, column, *order) in node.params["aggregates"].items():
+        if fn == "count":
+            values = groups.size()
+        elif fn == "max_by":
+            # The value at the largest order, null or not (groupby's last() would skip
+            # a null value).
+            ranked = frame.dropna(subset=[order[0]]).sort_values(order[0], kind="stable")
+            values = ranked.groupby(key, dropna=False).tail(1).set_index(key)[column]
+        else:
+            values = getattr(groups[column], {"mean": "mean"}.get(fn, fn))()
+        values = values.rename(name).reset_index()
+        out = out.merge(values, on=key, how="left")
+        if fn != "count":
+            out[name] = out[name].astype("float64")
+    return out.drop(columns=["_rows"])
+
+
+def _verify_keyed(spec: definition.PipelineSpec, t0: float, committed: list[int], end: int,
+                  output_dir: Path, report: VerifyReport,
+                  progress: Progress | None = None) -> None:
+    """Update mode over a keyed_aggregate: no batch writes a key twice, and each key's
+    latest row equals the aggregate of every record the chain passed (to 1e-9 relative
+    for doubles: Spark sums in another order)."""
+    node = keyed_checkable(spec)
+    assert node is not None
+    report.batches, report.records = len(committed), end
+    frame = python_frames(spec, t0, 0, end)[node.inputs[0]]
+    want = _keyed_expected(frame, node)
+    key = list(node.params["key"])
+    columns = [*key, *node.params["aggregates"]]
+    parts = []
+    for i, df in enumerate(_outputs(committed, output_dir, report, progress)):
+        report.output_rows += len(df)
+        parts.append(df[[c for c in columns if c in df.columns]].assign(_batch=i))
+    got = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+        columns=[*columns, "_batch"])
+    twice = got.duplicated([*key, "_batch"])
+    if twice.any():
+        report.problem("duplicated", int(twice.sum()), f"{int(twice.sum())} rows repeat a "
+                       f"key in the same batch (first: {_row_text(got[twice].iloc[0], key)})")
+    got = got.sort_values("_batch", kind="stable").drop_duplicates(key, keep="last")
+    _compare_keyed(got[columns], want[columns], key, report)
 
 
 def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int

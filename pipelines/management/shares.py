@@ -1,0 +1,218 @@
+"""Three runs of different priorities on an over-committed cluster, on the real stack:
+the scenario of ``manage.py bench shares`` and of ``tests/spark/test_shares_spark.py``.
+
+The fleet settings share 4 cores (the Spark worker offers more: the limit is the
+arbiter's, as when cores are kept for other applications). The runs hold all four:
+
+* ``shares-high`` (priority 3): Lat-Node MPC on 1-2 workers; its rate steps from
+  ``LOW_RPS`` to ``HIGH_RPS`` at ``STEP_AT_S``, when one worker no longer keeps up;
+* ``shares-low`` (priority 1): manual, 2 workers, a low rate;
+* ``shares-mid`` (priority 2): manual, 1 worker, a low rate.
+
+Every record waits ``WAIT_US`` in the ``external_wait`` operator (a call to an external
+service: a known cost per record on any machine, no CPU), so one worker carries at most
+~1/WAIT_US records/s less its batches' fixed cost, and two carry twice that. After the
+step the high run's controller asks for a second worker; the arbiter takes one back from
+the low-priority run by a planned scale-down (its key groups move first) and grants it.
+Each run's output is checked by the verifier afterwards.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from control.models import Decision, FleetSettings, Policy
+from control.policies import save_policy
+from pipelines import actions
+from pipelines.models import MetricSample, Pipeline, Run, RunStatus
+
+WAIT_US = 1000
+LOW_RPS = 100
+HIGH_RPS = 900
+# After the runs' start-up (three applications at once: up to ~30 s here under load) and
+# the controller's warm-up batches (control.live.WARMUP_BATCHES, at 0.5 s a batch).
+STEP_AT_S = 50
+SHARED_CORES = 4
+CONTROL_STEP_S = 1.0
+TRIGGER_MS = 500
+BOUND_MS = 5000
+
+
+@dataclass(frozen=True)
+class ShareRun:
+    name: str
+    priority: int
+    strategy: str
+    initial_workers: int
+    max_workers: int
+    rate: dict[str, Any]
+
+
+RUNS = (
+    ShareRun("shares-high", 3, "lat-node", 1, 2,
+             {"kind": "step", "steps": [[0, LOW_RPS], [STEP_AT_S, HIGH_RPS]]}),
+    ShareRun("shares-low", 1, "manual", 2, 2, {"kind": "constant", "records_per_s": LOW_RPS}),
+    ShareRun("shares-mid", 2, "manual", 1, 1, {"kind": "constant", "records_per_s": LOW_RPS}),
+)
+
+
+def definition(rate: dict[str, Any], seed: int) -> dict[str, Any]:
+    return {"nodes": [
+        {"id": "orders", "type": "generator", "seed": seed, "partitions": 2, "rate": rate,
+         "keys": {"kind": "zipf", "n": 200, "s": 1.1}},
+        {"id": "lookup", "type": "python", "input": "orders", "function": "external_wait",
+         "params": {"us_per_record": WAIT_US}},
+        {"id": "totals", "type": "keyed_aggregate", "input": "lookup", "key": ["key"],
+         "aggregates": {"orders": ["count", "value"], "amount": ["sum", "value"]}},
+        {"id": "out", "type": "sink", "input": "totals", "keep_output": True}],
+        "key_groups": 4, "trigger_ms": TRIGGER_MS}
+
+
+def prepare(user: Any) -> list[tuple[ShareRun, Pipeline, Policy]]:
+    """The three pipelines and policies (new versions where this file changed)."""
+    made = []
+    for i, spec in enumerate(RUNS):
+        pipeline = Pipeline.objects.filter(name=spec.name).first() or Pipeline(name=spec.name)
+        doc = definition(spec.rate, seed=20 + i)
+        if pipeline.definition != doc:
+            pipeline.definition = doc
+            pipeline.description = f"{__name__}: {spec.name}"
+            pipeline = actions.save_pipeline(pipeline, user)
+        policy = Policy.objects.filter(name=spec.name).first() or Policy(name=spec.name)
+        values = {"latency_bound_ms": BOUND_MS, "power_budget_w": 40,
+                  "control_step_s": CONTROL_STEP_S, "min_workers": 1,
+                  "initial_workers": spec.initial_workers, "max_workers": spec.max_workers,
+                  "strategy": spec.strategy, "priority": spec.priority,
+                  "guaranteed_workers": 1,
+                  "strategy_params": {"horizon": 2, "transition_weight": 0}
+                  if spec.strategy != "manual" else {}}
+        for key, value in values.items():
+            setattr(policy, key, value)
+        policy.full_clean()
+        made.append((spec, pipeline, save_policy(policy, user)))
+    return made
+
+
+@dataclass
+class Outcome:
+    runs: dict[str, Run]
+    started: float
+    asked_step: int | None = None  # the high run's first decision asking for more
+    granted_step: int | None = None  # its first decision granted (pending/applied) at 2
+    preempted: Decision | None = None
+    carried_at: float | None = None  # its first batch on 2 workers (s after start)
+    log: list[str] = field(default_factory=list)
+
+
+def run_scenario(user: Any, timeout_s: float = 420.0,
+                 say: Callable[[str], None] = print) -> Outcome:
+    """Start the three runs, wait until the high run carries a batch on its second
+    worker (or ``timeout_s``), stop them. FleetSettings are restored afterwards."""
+    shared = FleetSettings.current()
+    before = (shared.cores_limit, shared.arbiter)
+    FleetSettings.objects.filter(pk=shared.pk).update(cores_limit=SHARED_CORES,
+                                                      arbiter="priority")
+    made = prepare(user)
+    runs: dict[str, Run] = {}
+    try:
+        for spec, pipeline, policy in made:
+            runs[spec.name] = actions.create_run(pipeline, policy, user)
+        started = time.time()
+        outcome = Outcome(runs, started)
+        say(f"started runs {', '.join(f'{n} #{r.pk}' for n, r in runs.items())}")
+        _wait(lambda: all(Run.objects.get(pk=r.pk).status == RunStatus.RUNNING
+                          for r in runs.values()), 300, "the three runs to be running", runs)
+        high = runs["shares-high"]
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            _check_alive(runs)
+            decisions = list(Decision.objects.filter(run=high).order_by("step"))
+            for d in decisions:
+                if outcome.asked_step is None and d.chosen_workers > d.current_workers:
+                    outcome.asked_step = d.step
+                    say(f"high run asks {d.current_workers} -> {d.chosen_workers} at step "
+                        f"{d.step} ({d.outcome}: {d.outcome_message})")
+                if outcome.granted_step is None and d.chosen_workers == 2 and \
+                        d.outcome in ("pending", "applied"):
+                    outcome.granted_step = d.step
+            outcome.preempted = Decision.objects.filter(
+                run=runs["shares-low"], strategy="arbiter").first()
+            grant = next((d for d in decisions if d.step == outcome.granted_step), None)
+            if grant is not None and grant.outcome == "failed":
+                raise RuntimeError(f"the high run's scale-up failed: {grant.outcome_message}")
+            if grant is not None and grant.applied_at is not None:
+                # Its first batch after the scale-up took effect (key groups moved).
+                two = MetricSample.objects.filter(run=high, workers=2,
+                                                  t__gt=grant.applied_at).order_by("t").first()
+                if two is not None and outcome.carried_at is None:
+                    outcome.carried_at = two.t.timestamp() - started
+                    say(f"high run carried a batch on 2 workers {outcome.carried_at:.0f} s "
+                        "after the start")
+            # Done when the high run carries its second worker and the low run's
+            # scale-down has ended.
+            if outcome.carried_at is not None and (
+                    outcome.preempted is None or outcome.preempted.outcome != "pending"):
+                break
+            time.sleep(1)
+        return outcome
+    finally:
+        for run in runs.values():
+            run.refresh_from_db()
+            if not run.is_terminal:
+                actions.request_stop(run, user)
+        _wait(lambda: all(Run.objects.get(pk=r.pk).is_terminal for r in runs.values()),
+              180, "the runs to stop", runs)
+        FleetSettings.objects.filter(pk=shared.pk).update(cores_limit=before[0],
+                                                          arbiter=before[1])
+
+
+def _check_alive(runs: dict[str, Run]) -> None:
+    for name, run in runs.items():
+        status = Run.objects.get(pk=run.pk).status
+        if status in (RunStatus.FAILED, RunStatus.LOST, RunStatus.STOPPED):
+            raise RuntimeError(f"{name} (run {run.pk}) is {status}")
+
+
+def _wait(ready: Callable[[], bool], timeout_s: float, what: str,
+          runs: dict[str, Run]) -> None:
+    deadline = time.time() + timeout_s
+    while not ready():
+        if time.time() > deadline:
+            states = {n: Run.objects.get(pk=r.pk).status for n, r in runs.items()}
+            raise TimeoutError(f"{what}: not within {timeout_s:.0f} s ({states})")
+        time.sleep(1)
+
+
+def verify(run: Run) -> Any:
+    from pipelines.runtime.verify import verifier
+
+    run.refresh_from_db()
+    return verifier.verify_run_dir(Path(run.checkpoint_dir))
+
+
+def report(outcome: Outcome) -> list[dict[str, Any]]:
+    """Per run: priority, the cores it asked for and held over time (its decisions and
+    batches), its batches over the bound, and the verifier's verdict."""
+    rows = []
+    for name, run in outcome.runs.items():
+        run.refresh_from_db()
+        policy = run.policy_in_force
+        timeline = [
+            f"{d.at.timestamp() - outcome.started:5.0f}s step {d.step} {d.strategy}: "
+            f"{d.current_workers}->{d.chosen_workers} {d.outcome}"
+            + (f" ({d.outcome_message[:120]})" if d.outcome not in ("hold",) else "")
+            for d in Decision.objects.filter(run=run).order_by("step")
+            if d.action != "hold" or d.strategy == "arbiter"]
+        samples = MetricSample.objects.filter(run=run)
+        held = sorted({s.workers for s in samples})
+        over = samples.filter(latency_p95_ms__gt=policy.latency_bound_ms).count()
+        checked = verify(run)
+        rows.append({"run": name, "id": run.pk, "priority": policy.priority,
+                     "workers_held": held, "batches": samples.count(),
+                     "violations": over, "timeline": timeline,
+                     "verifier": checked.line(), "verified": checked.ok,
+                     "problems": checked.problems[:5]})
+    return rows
