@@ -26,7 +26,7 @@ class PolicyForm(forms.ModelForm):
         help_text='JSON object of strategy parameters, e.g. {"horizon": 2, "alpha": 2, '
                   '"beta": 0.5, "gamma": 0.4} for an MPC strategy, {"theta_max": 0.9, '
                   '"theta_min": 0.8} for th-rule; "violation_steps", '
-                  '"rebalance_threshold", "migration_planner" ("ding-table" or '
+                  '"rebalance_threshold", "warmup_batches" (default 20), "migration_planner" ("ding-table" or '
                   '"mtm-table": Ding\'s look-ahead with the run\'s own transition matrix) '
                   'and "mtm_gamma" for any.')
     # A webhook typed without a scheme is https (Django 6's default; explicit now).

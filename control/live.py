@@ -234,7 +234,8 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "peak-load": (), "ds2": ("target_utilisation",),
     "static-min": (), "static-max": (),
 }
-COMMON_PARAMS = ("violation_steps", "rebalance_threshold", "migration_planner", "mtm_gamma")
+COMMON_PARAMS = ("violation_steps", "rebalance_threshold", "migration_planner", "mtm_gamma",
+                 "warmup_batches")
 # How a change of workers places the key groups: Ding's single-step optimum on the
 # routing table, or its MTM look-ahead (Ding §4, Def. 4.1, on a table) with the
 # transition matrix estimated from the run's own history of worker counts.
@@ -278,6 +279,8 @@ def check_params(strategy: str, params: dict[str, Any]) -> dict[str, Any]:
     elif strategy == "ds2":
         _num(params, "target_utilisation", 0.7, low=0, high=1, open_low=True)
     _num(params, "violation_steps", 3, low=1, high=1000, whole=True)
+    # Fewer warm-up batches for a pipeline whose batches settle sooner (a policy says so).
+    _num(params, "warmup_batches", WARMUP_BATCHES, low=3, high=1000, whole=True)
     _num(params, "rebalance_threshold", REBALANCE_THRESHOLD, low=0, high=10)
     if params.get("migration_planner", "ding-table") not in MIGRATION_PLANNERS:
         raise LoopError(f"migration_planner: one of {', '.join(MIGRATION_PLANNERS)}")
@@ -754,6 +757,11 @@ class LiveController:
                 "throughput": self.model.throughput(rate, c.workers, c.freq_ghz, p.f_max),
                 "power_w": self.power_of(c)}
 
+    @property
+    def warmup(self) -> int:
+        """Batches the controller neither decides on nor fits (``warmup_batches``)."""
+        return int(self.policy.params.get("warmup_batches", WARMUP_BATCHES))
+
     def violation_curve(self, rate: float, freq_ghz: float, feedback: float
                         ) -> dict[str, float]:
         """The modelled cost of QoS violations (``control.fleet.violation_cost``) at each
@@ -825,7 +833,7 @@ class LiveController:
         self.step_index += 1
         started = time.perf_counter()
         rate = max(obs.rate, 1e-9)
-        if records[-1].get("batch_id", WARMUP_BATCHES) < WARMUP_BATCHES:
+        if records[-1].get("batch_id", self.warmup) < self.warmup:
             return self._warming_up(records, obs, current, rate, started)
         transition = self.transitions.model(sum(b or 0 for b in
                                                 records[-1].get("group_bytes") or []))
@@ -858,7 +866,7 @@ class LiveController:
         self.last_record = records[-1]
         for r in records:
             if (not r.get("failed_tasks") and not r.get("migration")
-                    and r.get("batch_id", 0) >= WARMUP_BATCHES):
+                    and r.get("batch_id", 0) >= self.warmup):
                 self.model.add(int(r.get("input_rows") or 0),
                                (r.get("batch_duration_ms") or 0) / 1000.0,
                                int(r.get("workers") or current.workers),
@@ -877,7 +885,7 @@ class LiveController:
             inputs={**asdict(obs), "warming_up": True}, chosen=dict(here), current=here,
             action="hold", predictions=[prediction], cost={},
             solve_ms=(time.perf_counter() - started) * 1000.0,
-            reason=f"warming up: no decision on the first {WARMUP_BATCHES} batches",
+            reason=f"warming up: no decision on the first {self.warmup} batches",
             alerts=[], model_error={"last": {}, "mape": self.mape()})
 
     def _guard(self, obs: StepObservation, alerts: list[str]) -> tuple[list[str], bool]:

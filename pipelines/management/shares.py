@@ -15,6 +15,10 @@ service: a known cost per record on any machine, no CPU), so one worker carries 
 step the high run's controller asks for a second worker; the arbiter takes one back from
 the low-priority run by a planned scale-down (its key groups move first) and grants it.
 Each run's output is checked by the verifier afterwards.
+
+Before that, an excluded period holds: the fleet settings exclude every minute until the
+high run's controller, past the step, has a scale-up held as ``excluded``; the period
+then ends (the settings are cleared) and the next control step scales.
 """
 from __future__ import annotations
 
@@ -32,9 +36,12 @@ from pipelines.models import MetricSample, Pipeline, Run, RunStatus
 WAIT_US = 1000
 LOW_RPS = 100
 HIGH_RPS = 900
-# After the runs' start-up (three applications at once: up to ~30 s here under load) and
-# the controller's warm-up batches (control.live.WARMUP_BATCHES, at 0.5 s a batch).
-STEP_AT_S = 50
+# After the runs' first batch (three applications starting at once: 30-35 s after the
+# schedule's origin here) and the high run's warm-up batches (WARMUP_BATCHES, ~1.5 s a
+# batch with three applications on two cores), so that its controller has seen the low
+# rate before the step.
+STEP_AT_S = 65
+WARMUP_BATCHES = 6
 SHARED_CORES = 4
 CONTROL_STEP_S = 1.0
 TRIGGER_MS = 500
@@ -87,7 +94,8 @@ def prepare(user: Any) -> list[tuple[ShareRun, Pipeline, Policy]]:
                   "initial_workers": spec.initial_workers, "max_workers": spec.max_workers,
                   "strategy": spec.strategy, "priority": spec.priority,
                   "guaranteed_workers": 1,
-                  "strategy_params": {"horizon": 2, "transition_weight": 0}
+                  "strategy_params": {"horizon": 2, "transition_weight": 0,
+                                      "warmup_batches": WARMUP_BATCHES}
                   if spec.strategy != "manual" else {}}
         for key, value in values.items():
             setattr(policy, key, value)
@@ -100,6 +108,7 @@ def prepare(user: Any) -> list[tuple[ShareRun, Pipeline, Policy]]:
 class Outcome:
     runs: dict[str, Run]
     started: float
+    excluded_step: int | None = None  # its first scale-up held by the excluded period
     asked_step: int | None = None  # the high run's first decision asking for more
     granted_step: int | None = None  # its first decision granted (pending/applied) at 2
     preempted: Decision | None = None
@@ -107,14 +116,18 @@ class Outcome:
     log: list[str] = field(default_factory=list)
 
 
+EVERY_MINUTE = "* * * * *"
+
+
 def run_scenario(user: Any, timeout_s: float = 420.0,
-                 say: Callable[[str], None] = print) -> Outcome:
+                 say: Callable[[str], None] = print, excluded_first: bool = True) -> Outcome:
     """Start the three runs, wait until the high run carries a batch on its second
     worker (or ``timeout_s``), stop them. FleetSettings are restored afterwards."""
     shared = FleetSettings.current()
-    before = (shared.cores_limit, shared.arbiter)
-    FleetSettings.objects.filter(pk=shared.pk).update(cores_limit=SHARED_CORES,
-                                                      arbiter="priority")
+    before = (shared.cores_limit, shared.arbiter, shared.excluded_periods)
+    FleetSettings.objects.filter(pk=shared.pk).update(
+        cores_limit=SHARED_CORES, arbiter="priority",
+        excluded_periods=[EVERY_MINUTE] if excluded_first else [])
     made = prepare(user)
     runs: dict[str, Run] = {}
     try:
@@ -130,11 +143,20 @@ def run_scenario(user: Any, timeout_s: float = 420.0,
         while time.time() < deadline:
             _check_alive(runs)
             decisions = list(Decision.objects.filter(run=high).order_by("step"))
+            held = next((d for d in decisions if d.outcome == "excluded"), None)
+            if held is not None and outcome.excluded_step is None:
+                outcome.excluded_step = held.step
+                FleetSettings.objects.filter(pk=shared.pk).update(excluded_periods=[])
+                say(f"step {held.step}: {held.current_workers} -> {held.chosen_workers} "
+                    f"held ({held.outcome_message}); the excluded period ends now")
             for d in decisions:
+                if d.outcome == "excluded":
+                    continue
                 if outcome.asked_step is None and d.chosen_workers > d.current_workers:
                     outcome.asked_step = d.step
                     say(f"high run asks {d.current_workers} -> {d.chosen_workers} at step "
-                        f"{d.step} ({d.outcome}: {d.outcome_message})")
+                        f"{d.step}, {d.at.timestamp() - started:.0f} s after the start "
+                        f"({d.outcome}: {d.outcome_message})")
                 if outcome.granted_step is None and d.chosen_workers == 2 and \
                         d.outcome in ("pending", "applied"):
                     outcome.granted_step = d.step
@@ -165,8 +187,8 @@ def run_scenario(user: Any, timeout_s: float = 420.0,
                 actions.request_stop(run, user)
         _wait(lambda: all(Run.objects.get(pk=r.pk).is_terminal for r in runs.values()),
               180, "the runs to stop", runs)
-        FleetSettings.objects.filter(pk=shared.pk).update(cores_limit=before[0],
-                                                          arbiter=before[1])
+        FleetSettings.objects.filter(pk=shared.pk).update(
+            cores_limit=before[0], arbiter=before[1], excluded_periods=before[2])
 
 
 def _check_alive(runs: dict[str, Run]) -> None:

@@ -1,8 +1,9 @@
 """One cluster, many runs (issue 49), on the real stack: three runs of different
 priorities hold all the cores the fleet shares; a rate step on the high-priority run
-makes its controller ask for a second worker, and the arbiter takes one back from the
-low-priority run by a planned scale-down (its key groups move first) and grants it in the
-same control step. Both runs' decisions say why; every run's output passes the verifier.
+makes its controller ask for a second worker. A cluster-wide excluded period holds that
+first scale-up (an ``excluded`` decision, no reconfiguration); once the period ends, the
+arbiter takes a core back from the low-priority run by a planned scale-down (its key
+groups move first) and grants it in the same control step. Both runs' decisions say why; every run's output passes the verifier.
 The scenario is ``manage.py bench shares``'s (pipelines/management/shares.py)."""
 from __future__ import annotations
 
@@ -22,7 +23,18 @@ def test_a_rate_step_on_the_high_priority_run_takes_a_core_from_the_low_priority
     rows = {r["run"]: r for r in shares.report(outcome)}
     story = "\n".join(f"{n}: {r['verifier']}\n  " + "\n  ".join(r["timeline"])
                       for n, r in rows.items())
+    # An excluded period held the first scale-up (a decision, no reconfiguration) and
+    # the next step after it ended scaled.
+    high = outcome.runs["shares-high"]
+    assert outcome.excluded_step is not None, story
+    held = Decision.objects.get(run=high, step=outcome.excluded_step)
+    assert held.chosen_workers == 2 and "excluded period '* * * * *'" in \
+        held.outcome_message, story
+    assert not high.events.filter(kind="reconfigured",
+                                  at__lte=held.at).exists(), story
+    assert high.events.filter(kind="held", message__contains="excluded").exists(), story
     assert outcome.asked_step is not None, story
+    assert outcome.asked_step > outcome.excluded_step, story
     assert outcome.granted_step is not None, story
     # Within 3 control steps of asking (here: in the same step, the core being released
     # by the low run's migration while the new executor starts).
@@ -32,7 +44,7 @@ def test_a_rate_step_on_the_high_priority_run_takes_a_core_from_the_low_priority
     assert taken is not None, story
     assert (taken.current_workers, taken.chosen_workers, taken.outcome) == (2, 1, "applied"), \
         story
-    high, low = outcome.runs["shares-high"], outcome.runs["shares-low"]
+    low = outcome.runs["shares-low"]
     assert taken.reason.startswith("preempted: 1 core(s) taken back by planned migration; "
                                    f"run {high.pk} (priority 3 > 1) needs it"), story
     granted = Decision.objects.get(run=high, step=outcome.granted_step)
