@@ -156,9 +156,11 @@ class ControlLoop:
         if decision.action == "hold":
             return decision, Outcome.HOLD, ""
         pending = None if self.dry_run else self.decisions.pending()
+        if pending:  # nothing is weighed while the last reconfiguration is under way
+            return decision, Outcome.BUSY, f"{pending} is still being applied"
         note = ""
         if self.gate is not None:
-            verdict = self.gate.review(decision, acting=not self.dry_run and not pending)
+            verdict = self.gate.review(decision, acting=not self.dry_run)
             if verdict is not None and verdict.decision is None:
                 held = verdict.outcome or Outcome.VETOED
                 return decision, held, (f"dry run: {verdict.message}" if self.dry_run
@@ -173,6 +175,4 @@ class ControlLoop:
                     return decision, Outcome.HOLD, verdict.message
         if self.dry_run:
             return decision, Outcome.DRY_RUN, "dry run: decided, not sent" + note
-        if pending:
-            return decision, Outcome.BUSY, f"{pending} is still being applied"
         return decision, Outcome.PENDING, "sent to the runner" + note

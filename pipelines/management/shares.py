@@ -36,11 +36,12 @@ from pipelines.models import MetricSample, Pipeline, Run, RunStatus
 WAIT_US = 1000
 LOW_RPS = 100
 HIGH_RPS = 900
-# After the runs' first batch (three applications starting at once: 30-35 s after the
-# schedule's origin here) and the high run's warm-up batches (WARMUP_BATCHES, ~1.5 s a
-# batch with three applications on two cores), so that its controller has seen the low
-# rate before the step.
-STEP_AT_S = 65
+# The high run starts once the other two carry batches; its step comes after its first
+# batch (3-5 s after the schedule's origin with a warm standby, ~20 s cold) and its
+# warm-up batches (WARMUP_BATCHES, ~1-1.5 s each here), so that its controller has seen
+# the low rate first. Later than that only delays the scenario: a controller whose
+# warm-up ends after the step decides on the overload when it ends.
+STEP_AT_S = 30
 WARMUP_BATCHES = 6
 SHARED_CORES = 4
 CONTROL_STEP_S = 1.0
@@ -75,7 +76,9 @@ def definition(rate: dict[str, Any], seed: int) -> dict[str, Any]:
         {"id": "totals", "type": "keyed_aggregate", "input": "lookup", "key": ["key"],
          "aggregates": {"orders": ["count", "value"], "amount": ["sum", "value"]}},
         {"id": "out", "type": "sink", "input": "totals", "keep_output": True}],
-        "key_groups": 4, "trigger_ms": TRIGGER_MS}
+        # Two groups: a scale-up or -down moves one (each move waits for a batch, and
+        # the high run's batches are long once it is overloaded).
+        "key_groups": 2, "trigger_ms": TRIGGER_MS}
 
 
 def prepare(user: Any) -> list[tuple[ShareRun, Pipeline, Policy]]:
@@ -131,9 +134,14 @@ def run_scenario(user: Any, timeout_s: float = 420.0,
     made = prepare(user)
     runs: dict[str, Run] = {}
     try:
-        for spec, pipeline, policy in made:
-            runs[spec.name] = actions.create_run(pipeline, policy, user)
+        # The others first: the high run's step must find them holding their cores.
         started = time.time()
+        for spec, pipeline, policy in made[1:]:
+            runs[spec.name] = actions.create_run(pipeline, policy, user)
+        _wait(lambda: all(MetricSample.objects.filter(run=r).exists() for r in runs.values()),
+              300, "the low and mid runs' first batches", runs)
+        spec, pipeline, policy = made[0]
+        runs = {spec.name: actions.create_run(pipeline, policy, user), **runs}
         outcome = Outcome(runs, started)
         say(f"started runs {', '.join(f'{n} #{r.pk}' for n, r in runs.items())}")
         _wait(lambda: all(Run.objects.get(pk=r.pk).status == RunStatus.RUNNING
