@@ -33,7 +33,7 @@ from control.controlloop import ControlLoop, GateVerdict, Outcome
 from control.models import Decision, DecisionOutcome, FleetSettings, Policy
 from control.strategies.mpc import Config
 from pipelines import actions, launch
-from pipelines.models import EventKind, Run, RunStatus
+from pipelines.models import ACTIVE_STATUSES, EventKind, Run, RunStatus
 from pipelines.queue import Task, enqueue
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.host import power
@@ -289,10 +289,13 @@ def _claim(run: Run, policy: Policy, asked: int | None = None,
             last.outcome == DecisionOutcome.PENDING else held
         costs = (last.inputs or {}).get("violation_by_workers") if last else None
         asked_at = last.at.timestamp() if last else 0.0
+    guaranteed = int(policy.guaranteed_workers if policy.guaranteed_workers is not None
+                     else policy.min_workers)
+    if run.status != RunStatus.RUNNING:
+        guaranteed = max(guaranteed, held)  # only a running run can migrate its groups
     return fleet.Claim(
         run=str(run.pk), priority=max(1, int(policy.priority or 1)),
-        guaranteed=int(policy.guaranteed_workers if policy.guaranteed_workers is not None
-                       else policy.min_workers),
+        guaranteed=guaranteed,
         held=held, asked=int(asked),
         cost_by_workers={int(n): float(c) for n, c in (costs or {}).items()},
         max_share=policy.max_share_workers, asked_at=asked_at or 0.0)
@@ -314,8 +317,10 @@ class ArbiterGate:
             return None
         shared = FleetSettings.current()
         capacity, _source = fleet_capacity(shared)
-        others = list(Run.objects.filter(status=RunStatus.RUNNING).exclude(pk=self.run.pk)
-                      .select_related("policy", "pipeline_version"))
+        # Every run that holds cores counts, not only the running ones: a stalled run
+        # (a slow batch) still holds its executors, and one starting or stopping too.
+        others = list(Run.objects.filter(status__in=ACTIVE_STATUSES, workers__gt=0)
+                      .exclude(pk=self.run.pk).select_related("policy", "pipeline_version"))
         mine = _claim(self.run, self.policy, asked,
                       decision.inputs.get("violation_by_workers"), time.time())
         claims = [mine] + [_claim(o, o.policy_in_force) for o in others]

@@ -299,3 +299,21 @@ def test_the_runs_page_preselects_the_readmes_first_run(local_operator) -> None:
     policy = Policy.objects.get(name=ELASTIC_POLICY)
     assert f'<option value="{pipeline.pk}" selected>' in page
     assert f'<option value="{policy.pk}" selected>' in page
+
+
+@pytest.mark.django_db
+def test_a_stalled_run_still_holds_its_cores_and_is_not_preempted(local_operator, clean_bus,
+                                                                   settings) -> None:
+    """A slow batch makes a run "stalled" for a moment: its executors are still there,
+    so the arbiter counts them, and it takes nothing back from a run that cannot migrate
+    now."""
+    from control import ticks
+    from control.models import Decision
+    from pipelines.models import Run
+
+    high, low = _two_runs(local_operator, settings, cores=3)
+    Run.objects.filter(pk=low.pk).update(status="stalled")
+    _overloaded(high)
+    d = ticks.tick(high)
+    assert d.outcome == "refused" and d.chosen_workers == 2
+    assert not Decision.objects.filter(run=low, strategy="arbiter").exists()
