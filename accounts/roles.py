@@ -5,8 +5,9 @@ kept in step by ``manage.py set_role`` and ``sync_roles``):
   names and URLs (never their passwords).
 * **operator** also starts, stops and reconfigures runs, edits pipelines and policies,
   runs Lab comparisons, and reads the audit log.
-* **admin** also manages users and their roles (the admin site: ``is_staff``), and the
-  connections to brokers and databases (their passwords).
+* **admin** also manages users and their roles (the admin site: ``is_staff``), the
+  connections to brokers and databases (their passwords), and how the runs share the
+  cluster (the fleet settings).
 
 A logged-in user in no role sees nothing but a 403 page."""
 from __future__ import annotations
@@ -26,7 +27,7 @@ _OPERATE = ["pipelines.add_pipeline", "pipelines.change_pipeline", "pipelines.ad
             "control.add_labrun", "audit.view_auditentry"]
 _ADMINISTER = ["auth.view_user", "auth.add_user", "auth.change_user", "auth.delete_user",
                "auth.view_group", "pipelines.add_connection", "pipelines.change_connection",
-               "pipelines.delete_connection"]
+               "pipelines.delete_connection", "control.change_fleetsettings"]
 
 PERMISSIONS: dict[str, list[str]] = {
     VIEWER: _VIEW,

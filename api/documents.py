@@ -271,7 +271,6 @@ def policy_form(entry: PolicyEntry, existing: Any) -> Any:
         f: Policy._meta.get_field(f).get_default() for f in POLICY_FIELDS}
     data = {**base, **entry.model_dump(exclude_none=True), "name": entry.name}
     data["strategy_params"] = json.dumps(data.get("strategy_params") or {})
-    data["excluded_periods"] = "\n".join(data.get("excluded_periods") or [])
     return PolicyForm({k: ("" if v is None else v) for k, v in data.items()},
                       instance=existing)
 

@@ -282,6 +282,32 @@ class ClusterOut(Schema):
     runs: list[dict[str, Any]]
 
 
+class ShareOut(Schema):
+    run: int
+    pipeline: str
+    priority: int
+    guaranteed: int | None
+    max_share: int | None
+    holds: int
+    asked: int
+    last_outcome: str | None
+
+
+class FleetOut(Schema):
+    arbiter: str
+    cores_limit: int | None
+    cores_shared: int
+    cores_source: str
+    excluded_periods: list[str]
+    shares: list[ShareOut]
+
+
+class FleetIn(Schema):
+    arbiter: str | None = None
+    cores_limit: int | None = Field(default=None, description="empty: all alive cores")
+    excluded_periods: list[str] | None = None
+
+
 class ErrorOut(Schema):
     detail: str
 
@@ -784,6 +810,45 @@ def cluster(request: HttpRequest) -> Any:
             "runs": [{"run": r.run.pk, "executors": [{"id": e, "host": h}
                                                      for e, h in r.executors]}
                      for r in view.runs]}
+
+
+def _fleet_out() -> dict[str, Any]:
+    from control import ticks
+    from control.models import FleetSettings
+
+    shared = FleetSettings.current()
+    cores, source = ticks.fleet_capacity(shared)
+    return {"arbiter": shared.arbiter, "cores_limit": shared.cores_limit,
+            "cores_shared": cores, "cores_source": source,
+            "excluded_periods": shared.excluded_periods,
+            "shares": [{"run": r["run"].pk, "pipeline": r["run"].pipeline_version.pipeline.name,
+                        "priority": r["priority"], "guaranteed": r["guaranteed"],
+                        "max_share": r["max_share"], "holds": r["holds"] or 0,
+                        "asked": r["asked"] or 0,
+                        "last_outcome": r["last"].outcome if r["last"] else None}
+                       for r in ticks.fleet_shares()]}
+
+
+@misc.get("/fleet", response={**ERRORS, 200: FleetOut})
+def fleet_settings(request: HttpRequest) -> Any:
+    """How the runs share the cluster: the fleet settings and each running run's share."""
+    _require(request, "pipelines.view_run")
+    return _fleet_out()
+
+
+@misc.put("/fleet", response={**ERRORS, 200: FleetOut}, throttle=writes)
+def update_fleet(request: HttpRequest, body: FleetIn) -> Any:
+    """Change the fleet settings (admins): fields left out keep their value."""
+    from control import fleetview
+
+    _require(request, "control.change_fleetsettings")
+    data = body.dict(exclude_unset=True)
+    if "cores_limit" in data and data["cores_limit"] is None:
+        data["cores_limit"] = ""
+    saved, form = fleetview.update_fleet_settings(data, request.user)
+    if not saved:
+        _check_form(form, ["body"])
+    return _fleet_out()
 
 
 api.add_router("/pipelines", pipelines)

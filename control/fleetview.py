@@ -44,6 +44,26 @@ def sparkline(values: list[float | None], bound_ms: float) -> Sparkline:
     return Sparkline(points, y(bound_ms), latest, latest is not None and latest > bound_ms)
 
 
+def update_fleet_settings(data: dict[str, Any], user: Any) -> tuple[bool, Any]:
+    """Change the fleet settings (arbiter, cores shared, cluster-wide excluded periods;
+    admins only, checked by the caller) from ``data``; fields left out keep their value.
+    The Cluster page and the API both call it; the save is audited
+    (``audit.tracking``). Returns (saved, the form: its errors when not saved)."""
+    from control.forms import FleetSettingsForm
+
+    shared = FleetSettings.current()
+    merged = {"arbiter": shared.arbiter, "cores_limit": shared.cores_limit or "",
+              "excluded_periods": shared.excluded_periods,
+              **{k: ("" if v is None else v) for k, v in data.items()}}
+    form = FleetSettingsForm(merged, instance=shared)
+    if not form.is_valid():
+        return False, form
+    saved = form.save(commit=False)
+    saved.updated_by = user if getattr(user, "pk", None) else None
+    saved.save()
+    return True, form
+
+
 def overview() -> dict[str, Any]:
     shared = FleetSettings.current()
     cores, source = ticks.fleet_capacity(shared)

@@ -17,6 +17,24 @@ def json_from_field(text: str | None) -> object:
         raise forms.ValidationError(str(exc)[0].upper() + str(exc)[1:]) from exc
 
 
+class CronLinesField(forms.CharField):
+    """Excluded periods as a textarea, one cron expression a line; a list in and out
+    (the models' ``clean`` checks each expression)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("widget", forms.Textarea(attrs={"rows": 2, "class": "mono"}))
+        super().__init__(**kwargs)
+
+    def prepare_value(self, value: object) -> object:
+        return "\n".join(value) if isinstance(value, list) else value
+
+    def to_python(self, value: object) -> list[str]:  # type: ignore[override]
+        if isinstance(value, list):
+            return [str(v).strip() for v in value if str(v).strip()]
+        return [line.strip() for line in str(value or "").splitlines() if line.strip()]
+
+
 # A trace of one rate per second for a day is ~100 KB of CSV.
 MAX_TRACE_UPLOAD_BYTES = 4 * 1024 * 1024
 
@@ -33,8 +51,7 @@ class PolicyForm(forms.ModelForm):
     alert_webhook = forms.URLField(required=False, assume_scheme="https",
                                    help_text=Policy._meta.get_field("alert_webhook").help_text)
 
-    excluded_periods = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+    excluded_periods = CronLinesField(
         help_text=Policy._meta.get_field("excluded_periods").help_text + " One per line.")
     decision_plugins = forms.MultipleChoiceField(
         required=False, widget=forms.CheckboxSelectMultiple,
@@ -56,9 +73,6 @@ class PolicyForm(forms.ModelForm):
         value = self.initial.get("strategy_params")
         if isinstance(value, dict):
             self.initial["strategy_params"] = json.dumps(value)
-        periods = self.initial.get("excluded_periods")
-        if isinstance(periods, list):
-            self.initial["excluded_periods"] = "\n".join(periods)
         # Every installed plug-in with its description; one that does not load is
         # listed with its error and cannot be chosen (Policy.clean says why).
         self.fields["decision_plugins"].choices = [
@@ -77,10 +91,6 @@ class PolicyForm(forms.ModelForm):
             if cleaned.get(name) is None and name not in self.errors:
                 cleaned[name] = Policy._meta.get_field(name).get_default()
         return cleaned
-
-    def clean_excluded_periods(self) -> list[str]:
-        return [line.strip() for line in (self.cleaned_data.get("excluded_periods") or "")
-                .splitlines() if line.strip()]
 
     def clean_strategy_params(self) -> dict:
         value = json_from_field(self.cleaned_data.get("strategy_params"))
@@ -252,11 +262,7 @@ class LabForm(forms.Form):
                 f"on its first steps), over the Lab's limit of {limit:g} s: "
                 "compare fewer strategies, steps, workers or keys."))
             return data
-        if self.user is not None and \
-                lab.active_labs(self.user) >= settings.LAB_MAX_ACTIVE_PER_USER:
-            self.add_error(None, (
-                f"You have {settings.LAB_MAX_ACTIVE_PER_USER} comparisons queued or "
-                "running; start this one when one of them has ended."))
+        if _queue_full(self):
             return data
         self.scenario = scenario
         return data
@@ -267,8 +273,7 @@ class FleetSettingsForm(forms.ModelForm):
     excluded periods (one cron expression a line)."""
 
     arbiter = forms.ChoiceField(choices=[])
-    excluded_periods = forms.CharField(
-        required=False, widget=forms.Textarea(attrs={"rows": 2, "class": "mono"}),
+    excluded_periods = CronLinesField(
         help_text="One cron expression a line (minute hour day month weekday, UTC), e.g. "
                   "* 2 * * * for 02:00-02:59 every day.")
 
@@ -284,13 +289,6 @@ class FleetSettingsForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         self.fields["arbiter"].choices = [(name, build().label)
                                           for name, build in fleet.ARBITERS.items()]
-        periods = self.initial.get("excluded_periods")
-        if isinstance(periods, list):
-            self.initial["excluded_periods"] = "\n".join(periods)
-
-    def clean_excluded_periods(self) -> list[str]:
-        return [line.strip() for line in (self.cleaned_data.get("excluded_periods") or "")
-                .splitlines() if line.strip()]
 
 
 class FleetLabForm(forms.Form):
@@ -331,14 +329,21 @@ class FleetLabForm(forms.Form):
         data = super().clean()
         if self.errors:
             return data
-        if self.user is not None and \
-                lab.active_labs(self.user) >= settings.LAB_MAX_ACTIVE_PER_USER:
-            self.add_error(None, (
-                f"You have {settings.LAB_MAX_ACTIVE_PER_USER} comparisons queued or "
-                "running; start this one when one of them has ended."))
+        if _queue_full(self):
             return data
         self.scenario = data["scenario"]
         return data
+
+
+def _queue_full(form: forms.Form) -> bool:
+    """Whether the form's user has the most comparisons queued or running that one user
+    may (a form-wide error says so): one user cannot hold the Lab's queue."""
+    user = getattr(form, "user", None)
+    if user is None or lab.active_labs(user) < settings.LAB_MAX_ACTIVE_PER_USER:
+        return False
+    form.add_error(None, (f"You have {settings.LAB_MAX_ACTIVE_PER_USER} comparisons queued "
+                          "or running; start this one when one of them has ended."))
+    return True
 
 
 def _calibration_choices() -> list[tuple[object, str]]:

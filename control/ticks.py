@@ -33,7 +33,7 @@ from control.controlloop import ControlLoop, GateVerdict, Outcome
 from control.models import Decision, DecisionOutcome, FleetSettings, Policy
 from control.strategies.mpc import Config
 from pipelines import actions, launch
-from pipelines.models import ACTIVE_STATUSES, EventKind, Run, RunStatus
+from pipelines.models import ACTIVE_STATUSES, EventKind, MetricSample, Run, RunStatus
 from pipelines.queue import Task, enqueue
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.host import power
@@ -291,8 +291,10 @@ def _claim(run: Run, policy: Policy, asked: int | None = None,
         asked_at = last.at.timestamp() if last else 0.0
     guaranteed = int(policy.guaranteed_workers if policy.guaranteed_workers is not None
                      else policy.min_workers)
-    if run.status != RunStatus.RUNNING:
-        guaranteed = max(guaranteed, held)  # only a running run can migrate its groups
+    if run.status != RunStatus.RUNNING or not MetricSample.objects.filter(run=run).exists():
+        # Only a running run whose query has placed its key groups (a batch has run)
+        # can move them off a core: the others keep what they hold.
+        guaranteed = max(guaranteed, held)
     return fleet.Claim(
         run=str(run.pk), priority=max(1, int(policy.priority or 1)),
         guaranteed=guaranteed,

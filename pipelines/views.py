@@ -505,19 +505,17 @@ def cluster_page(request: HttpRequest) -> HttpResponse:
     on each (issue: runs beyond one machine)."""
     from pipelines import cluster_status
 
-    from control import plugins
+    from control import fleetview, plugins
     from control.forms import FleetSettingsForm
     from control.models import FleetSettings
 
     shared = FleetSettings.current()
-    form = FleetSettingsForm(request.POST or None, instance=shared)
+    form = FleetSettingsForm(instance=shared)
     if request.method == "POST":
-        if not request.user.is_staff:
+        if not request.user.has_perm("control.change_fleetsettings"):
             raise PermissionDenied
-        if form.is_valid():
-            saved = form.save(commit=False)
-            saved.updated_by = request.user
-            saved.save()
+        saved, form = fleetview.update_fleet_settings(request.POST.dict(), request.user)
+        if saved:
             messages.success(request, "Fleet settings saved.")
             return redirect("cluster")
     overview = cluster_status.overview()

@@ -295,29 +295,25 @@ def is_fleet(doc: Any) -> bool:
     return isinstance(doc, dict) and "runs" in doc
 
 
+def _example_run(name: str, priority: int, before: float, after: float, max_workers: int,
+                 initial_workers: int) -> dict[str, Any]:
+    return {"name": name, "priority": priority, "guaranteed_workers": 1,
+            "strategy": {"name": "lat-node"},
+            "workload": {"rate": {"kind": "step", "before": before, "after": after,
+                                  "at_s": 60},
+                         "keys": {"kind": "zipf", "n": 64, "s": 0.5},
+                         "service": {"mean_ms": 1.0}},
+            "qos": {"latency_bound_ms": 5},
+            "system": {"max_workers": max_workers, "initial_workers": initial_workers,
+                       "freqs_ghz": [2.0]}}
+
+
+# Three runs on 4 cores: "payments" (priority 3) steps from 800 to 1,700 records/s at 60 s
+# (1 ms a record: one worker no longer keeps up); "reports" (priority 1) holds two
+# workers at 1,500/s; "audit" (priority 2) one at 400/s.
 EXAMPLE: dict[str, Any] = {
     "steps": 120, "step_s": 1, "seed": 1, "cluster": {"cores": 4},
     "arbiters": ["priority", "fcfs"],
-    "runs": [
-        {"name": "payments", "priority": 3, "guaranteed_workers": 1,
-         "strategy": {"name": "lat-node"},
-         "workload": {"rate": {"kind": "step", "before": 800, "after": 1700, "at_s": 60},
-                      "keys": {"kind": "zipf", "n": 64, "s": 0.5},
-                      "service": {"mean_ms": 1.0}},
-         "qos": {"latency_bound_ms": 5}, "system": {"max_workers": 3, "initial_workers": 1,
-                                                    "freqs_ghz": [2.0]}},
-        {"name": "reports", "priority": 1, "guaranteed_workers": 1,
-         "strategy": {"name": "lat-node"},
-         "workload": {"rate": {"kind": "step", "before": 1500, "after": 1500, "at_s": 0},
-                      "keys": {"kind": "zipf", "n": 64, "s": 0.5},
-                      "service": {"mean_ms": 1.0}},
-         "qos": {"latency_bound_ms": 5}, "system": {"max_workers": 3, "initial_workers": 2,
-                                                    "freqs_ghz": [2.0]}},
-        {"name": "audit", "priority": 2, "guaranteed_workers": 1,
-         "strategy": {"name": "lat-node"},
-         "workload": {"rate": {"kind": "step", "before": 400, "after": 400, "at_s": 0},
-                      "keys": {"kind": "zipf", "n": 64, "s": 0.5},
-                      "service": {"mean_ms": 1.0}},
-         "qos": {"latency_bound_ms": 5}, "system": {"max_workers": 2, "initial_workers": 1,
-                                                    "freqs_ghz": [2.0]}},
-    ]}
+    "runs": [_example_run("payments", 3, 800, 1700, 3, 1),
+             _example_run("reports", 1, 1500, 1500, 3, 2),
+             _example_run("audit", 2, 400, 400, 2, 1)]}

@@ -147,6 +147,7 @@ def _api_calls(run_id: int) -> list[tuple[str, str, dict | None, dict[str, set[i
              "admin": {200, 201, 202, 409}}
     audit = {"none": {403}, "viewer": {403}, "operator": {200}, "admin": {200}}  # (pages')
     conn_write = {"none": {403}, "viewer": {403}, "operator": {403}, "admin": {200}}
+    admin_only = conn_write  # (the fleet settings, as on the Cluster page)
     r = run_id
     policy = {"name": "m-q", "latency_bound_ms": 3000, "power_budget_w": 40}
     return [
@@ -184,6 +185,8 @@ def _api_calls(run_id: int) -> list[tuple[str, str, dict | None, dict[str, set[i
         ("post", f"/api/v1/runs/{r}/stop", None, write),
         ("get", "/api/v1/audit", None, audit),
         ("get", "/api/v1/cluster", None, read),
+        ("get", "/api/v1/fleet", None, read),
+        ("put", "/api/v1/fleet", {"arbiter": "fcfs"}, admin_only),
     ]
 
 

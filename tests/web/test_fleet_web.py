@@ -102,8 +102,10 @@ def test_the_example_plugin_vetoes_a_scale_down_live_and_in_a_dry_run(
 
 
 def _two_runs(user, settings, cores: int):
+    from django.utils import timezone
+
     from control.models import Policy
-    from pipelines.models import Run
+    from pipelines.models import MetricSample, Run
 
     settings.CLUSTER_CORES = cores
     high = _run(user, priority=5)
@@ -111,6 +113,8 @@ def _two_runs(user, settings, cores: int):
     Policy.objects.filter(pk=low.policy_id).update(priority=1, strategy="manual")
     Run.objects.filter(pk=low.pk).update(workers=2)
     low.refresh_from_db()
+    # Its query has run a batch: its key groups are placed, so they can move.
+    MetricSample.objects.create(run=low, t=timezone.now(), batch_id=0, workers=2)
     return high, low
 
 
@@ -316,4 +320,19 @@ def test_a_stalled_run_still_holds_its_cores_and_is_not_preempted(local_operator
     _overloaded(high)
     d = ticks.tick(high)
     assert d.outcome == "refused" and d.chosen_workers == 2
+    assert not Decision.objects.filter(run=low, strategy="arbiter").exists()
+
+
+@pytest.mark.django_db
+def test_a_run_whose_query_has_run_no_batch_keeps_its_cores(local_operator, clean_bus,
+                                                             settings) -> None:
+    """Its key groups are not placed yet: nothing could move off the core."""
+    from control import ticks
+    from control.models import Decision
+    from pipelines.models import MetricSample
+
+    high, low = _two_runs(local_operator, settings, cores=3)
+    MetricSample.objects.filter(run=low).delete()
+    _overloaded(high)
+    assert ticks.tick(high).outcome == "refused"
     assert not Decision.objects.filter(run=low, strategy="arbiter").exists()

@@ -411,18 +411,29 @@ def _verify_keyed(spec: definition.PipelineSpec, t0: float, committed: list[int]
     want = _keyed_expected(frame, node)
     key = list(node.params["key"])
     columns = [*key, *node.params["aggregates"]]
+    got = _batches_rows(committed, output_dir, report, progress, columns)
+    _compare_keyed(_latest_per_key(got, key, report)[columns], want[columns], key, report)
+
+
+def _batches_rows(committed: list[int], output_dir: Path, report: VerifyReport,
+                  progress: Progress | None, columns: list[str]) -> pd.DataFrame:
+    """Every committed batch's kept rows (``columns``), each with its batch's index."""
     parts = []
     for i, df in enumerate(_outputs(committed, output_dir, report, progress)):
         report.output_rows += len(df)
         parts.append(df[[c for c in columns if c in df.columns]].assign(_batch=i))
-    got = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
         columns=[*columns, "_batch"])
+
+
+def _latest_per_key(got: pd.DataFrame, key: list[str], report: VerifyReport) -> pd.DataFrame:
+    """Update mode: a key written twice in one batch is a duplicate; the latest batch's
+    row of each key is the one to compare."""
     twice = got.duplicated([*key, "_batch"])
     if twice.any():
         report.problem("duplicated", int(twice.sum()), f"{int(twice.sum())} rows repeat a "
                        f"key in the same batch (first: {_row_text(got[twice].iloc[0], key)})")
-    got = got.sort_values("_batch", kind="stable").drop_duplicates(key, keep="last")
-    _compare_keyed(got[columns], want[columns], key, report)
+    return got.sort_values("_batch", kind="stable").drop_duplicates(key, keep="last")
 
 
 def python_frames(spec: definition.PipelineSpec, t0: float, start: int, end: int
@@ -555,20 +566,10 @@ def _verify_app(spec: definition.PipelineSpec, t0: float, committed: list[int], 
     except (app_reference.ReferenceError, OSError) as exc:
         raise RunDirError(str(exc)) from None
     columns = list(app.columns)
-    parts = []
-    for i, df in enumerate(_outputs(committed, output_dir, report, progress)):
-        report.output_rows += len(df)
-        parts.append(df[[c for c in columns if c in df.columns]].assign(_batch=i))
-    got = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(
-        columns=[*columns, "_batch"])
+    got = _batches_rows(committed, output_dir, report, progress, columns)
     key = list(app.params["key"])
     if key:
-        twice = got.duplicated([*key, "_batch"])
-        if twice.any():
-            report.problem("duplicated", int(twice.sum()), f"{int(twice.sum())} rows repeat "
-                           f"a key in the same batch (first: {_row_text(got[twice].iloc[0], key)})")
-        got = got.drop_duplicates(key, keep="last")
-        _compare_keyed(got[columns], want, key, report)
+        _compare_keyed(_latest_per_key(got, key, report)[columns], want, key, report)
     else:
         _compare_rows(got[columns], want, app.stateful, report)
 
