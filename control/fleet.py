@@ -48,12 +48,15 @@ class FleetError(ValueError):
 
 
 def violation_cost(latency_s: float | None, bound_s: float, throughput: float | None = None,
-                   floor: float = 0.0, rate: float | None = None) -> float:
+                   floor: float = 0.0, rate: float | None = None,
+                   utilisation: float | None = None) -> float:
     """The modelled cost of one step's QoS violations: the p95 latency's excess over the
     bound, relative to the bound, plus the throughput's shortfall under the floor,
-    relative to the floor; ``SATURATED_COST`` where the model has no finite latency."""
+    relative to the floor. Where the model has no finite latency (saturated),
+    ``SATURATED_COST`` times the utilisation: a core that makes a run less overloaded
+    still saves something (as the MPC ranks saturated plans by their utilisation)."""
     if latency_s is None or not math.isfinite(latency_s):
-        return SATURATED_COST
+        return SATURATED_COST * max(1.0, utilisation or 1.0)
     cost = max(0.0, latency_s / bound_s - 1.0)
     if floor > 0 and throughput is not None:
         wanted = min(floor, rate) if rate is not None else floor

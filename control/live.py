@@ -774,7 +774,8 @@ class LiveController:
             latency = self.model.latency(rate, n, freq_ghz, p.f_max, feedback)
             throughput = self.model.throughput(rate, n, freq_ghz, p.f_max)
             out[str(n)] = round(fleet.violation_cost(
-                latency, p.latency_bound_s, throughput, p.throughput_floor, rate), 6)
+                latency, p.latency_bound_s, throughput, p.throughput_floor, rate,
+                self.model.utilisation(rate, n, freq_ghz, p.f_max)), 6)
         return out
 
     def _bound_alerts(self, chosen: Config, rate: float, feedback: float) -> list[str]:

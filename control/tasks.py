@@ -56,7 +56,9 @@ def apply_decision(decision_id: int) -> str:
     decision's, so a redelivery within the TTL is not applied twice by the runner."""
     decision = Decision.objects.select_related("run").get(pk=decision_id)
     run = decision.run
-    if run.status != RunStatus.RUNNING:
+    # A stalled run (a batch slower than usual, often the overload the decision is
+    # about) still takes commands between batches.
+    if run.status not in (RunStatus.RUNNING, RunStatus.STALLED):
         ticks.finish(decision_id, False, f"run is {run.status}")
         return "not running"
     age_s = (timezone.now() - decision.at).total_seconds()

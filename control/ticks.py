@@ -304,11 +304,13 @@ def _claim(run: Run, policy: Policy, asked: int | None = None,
 
 
 class ArbiterGate:
-    """The cluster's arbiter (``control.fleet``, ``FleetSettings.arbiter``) on a decision that
-    asks for more workers: granted when the cluster's free cores allow; otherwise the
-    arbiter decides over every running run's claim, and the cores it takes back from
-    lower-priority runs are released by a planned scale-down of theirs (a Decision of
-    strategy ``arbiter``), after which this run's controller, asking again, is granted."""
+    """The cluster's arbiter (``control.fleet``, ``FleetSettings.arbiter``) on a decision
+    that asks for more workers: granted when the cluster's free cores allow; otherwise the
+    arbiter decides over the claims of every run that holds cores. The cores it takes
+    back from lower-priority runs are released by a planned scale-down of theirs (a
+    Decision of strategy ``arbiter``, its key groups moved first), and the grant goes out
+    in the same step; a take-back that cannot start now (the run is busy or has run no
+    batch) leaves this step refused, and the next step tries again."""
 
     def __init__(self, run: Run, policy: Policy) -> None:
         self.run, self.policy = run, policy

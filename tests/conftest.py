@@ -410,7 +410,9 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
     standbys = os.environ.get("STREAMWISE_TEST_LIVE_STANDBYS", "1")
     env = dict(os.environ, DATABASE_URL=db_url, RECONCILE_EVERY_S="1",
                STANDBY_RUNNERS=standbys, STANDBY_RUNS=str(LIVE_STANDBY_RUNS),
-               RUNNER_START_GRACE_S="60", PYTHONUNBUFFERED="1")
+               RUNNER_START_GRACE_S="60", PYTHONUNBUFFERED="1",
+               # The example plug-in vetoes every scale-down (pipelines/management/shares.py)
+               QUIET_HOUR_END_MINUTES="60")
     py = sys.executable
     commands = {
         "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",

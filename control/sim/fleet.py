@@ -157,7 +157,8 @@ def cost_curve(run: FleetRun, m: en.Measurement, freq_ghz: float) -> dict[int, f
             curve[n] = 0.0
             continue
         latency = sm.response_time(t, sm.ideal_service_time(t, n), 1.0 / rate, m.ca2, m.cs2)
-        curve[n] = fleet.violation_cost(latency, run.scenario.latency_bound_s)
+        curve[n] = fleet.violation_cost(latency, run.scenario.latency_bound_s,
+                                        utilisation=rate * t / n)
     return curve
 
 

@@ -6,7 +6,10 @@ arbiter's, as when cores are kept for other applications). The runs hold all fou
 
 * ``shares-high`` (priority 3): Lat-Node MPC on 1-2 workers; its rate steps from
   ``LOW_RPS`` to ``HIGH_RPS`` at ``STEP_AT_S``, when one worker no longer keeps up;
-* ``shares-low`` (priority 1): manual, 2 workers, a low rate;
+* ``shares-low`` (priority 1): 2 workers, a low rate, under ``static-min`` (it always
+  proposes 1 worker) with the example decision plug-in ``quiet-hour-end``, which vetoes
+  every scale-down while ``QUIET_HOUR_END_MINUTES`` is 60 (the tests' and this bench's
+  processes set it): a veto recorded on a live run, and the run keeps its 2 workers;
 * ``shares-mid`` (priority 2): manual, 1 worker, a low rate.
 
 Every record waits ``WAIT_US`` in the ``external_wait`` operator (a call to an external
@@ -57,12 +60,14 @@ class ShareRun:
     initial_workers: int
     max_workers: int
     rate: dict[str, Any]
+    plugins: tuple[str, ...] = ()
 
 
 RUNS = (
     ShareRun("shares-high", 3, "lat-node", 1, 2,
              {"kind": "step", "steps": [[0, LOW_RPS], [STEP_AT_S, HIGH_RPS]]}),
-    ShareRun("shares-low", 1, "manual", 2, 2, {"kind": "constant", "records_per_s": LOW_RPS}),
+    ShareRun("shares-low", 1, "static-min", 2, 2,
+             {"kind": "constant", "records_per_s": LOW_RPS}, ("quiet-hour-end",)),
     ShareRun("shares-mid", 2, "manual", 1, 1, {"kind": "constant", "records_per_s": LOW_RPS}),
 )
 
@@ -96,10 +101,11 @@ def prepare(user: Any) -> list[tuple[ShareRun, Pipeline, Policy]]:
                   "control_step_s": CONTROL_STEP_S, "min_workers": 1,
                   "initial_workers": spec.initial_workers, "max_workers": spec.max_workers,
                   "strategy": spec.strategy, "priority": spec.priority,
-                  "guaranteed_workers": 1,
+                  "guaranteed_workers": 1, "decision_plugins": list(spec.plugins),
                   "strategy_params": {"horizon": 2, "transition_weight": 0,
                                       "warmup_batches": WARMUP_BATCHES}
-                  if spec.strategy != "manual" else {}}
+                  if spec.strategy == "lat-node" else
+                  {"warmup_batches": WARMUP_BATCHES} if spec.strategy != "manual" else {}}
         for key, value in values.items():
             setattr(policy, key, value)
         policy.full_clean()
@@ -223,6 +229,26 @@ def verify(run: Run) -> Any:
     return verifier.verify_run_dir(Path(run.checkpoint_dir))
 
 
+def _timeline(run: Run, started: float) -> list[str]:
+    """The run's decisions to reconfigure, a streak of the same one (a veto repeated
+    every step) as one line with its count."""
+    lines: list[str] = []
+    last_key, count = None, 0
+    for d in Decision.objects.filter(run=run).order_by("step"):
+        if d.action == "hold" and d.strategy != "arbiter":
+            continue
+        key = (d.strategy, d.current_workers, d.chosen_workers, d.outcome)
+        if key == last_key:
+            count += 1
+            lines[-1] = lines[-1].split(" [x")[0] + f" [x{count}]"
+            continue
+        last_key, count = key, 1
+        lines.append(f"{d.at.timestamp() - started:5.0f}s step {d.step} {d.strategy}: "
+                     f"{d.current_workers}->{d.chosen_workers} {d.outcome}"
+                     + (f" ({d.outcome_message[:120]})" if d.outcome != "hold" else ""))
+    return lines
+
+
 def report(outcome: Outcome) -> list[dict[str, Any]]:
     """Per run: priority, the cores it asked for and held over time (its decisions and
     batches), its batches over the bound, and the verifier's verdict."""
@@ -230,12 +256,7 @@ def report(outcome: Outcome) -> list[dict[str, Any]]:
     for name, run in outcome.runs.items():
         run.refresh_from_db()
         policy = run.policy_in_force
-        timeline = [
-            f"{d.at.timestamp() - outcome.started:5.0f}s step {d.step} {d.strategy}: "
-            f"{d.current_workers}->{d.chosen_workers} {d.outcome}"
-            + (f" ({d.outcome_message[:120]})" if d.outcome not in ("hold",) else "")
-            for d in Decision.objects.filter(run=run).order_by("step")
-            if d.action != "hold" or d.strategy == "arbiter"]
+        timeline = _timeline(run, outcome.started)
         samples = MetricSample.objects.filter(run=run)
         held = sorted({s.workers for s in samples})
         over = samples.filter(latency_p95_ms__gt=policy.latency_bound_ms).count()

@@ -277,8 +277,12 @@
     const tr = document.createElement("tr");
     tr.dataset.step = d.step;
     const c = d.cost || {};
+    // The MPC prices a saturated configuration at 1e9 + its utilisation (no finite
+    // latency): said as such, not as a ten-digit number.
+    const qos = c.qos !== undefined && c.qos !== null && c.qos >= 1e9 ? "saturated" :
+      fmt(c.qos, 2);
     const cost = c.total === undefined ? "—" :
-      `${fmt(c.qos, 2)} / ${fmt(c.resource, 2)} / ${fmt(c.switching, 2)} / ` +
+      `${qos} / ${fmt(c.resource, 2)} / ${fmt(c.switching, 2)} / ` +
       fmt(c.transition || 0, 2);
     const cells = [new Date(d.at).toLocaleTimeString(), d.step, d.strategy,
       `${d.current.workers} → ${d.chosen.workers}`,

@@ -1,6 +1,8 @@
 """One cluster, many runs (issue 49), on the real stack: three runs of different
 priorities hold all the cores the fleet shares; a rate step on the high-priority run
-makes its controller ask for a second worker. A cluster-wide excluded period holds that
+makes its controller ask for a second worker (the low run's own controller asks to give
+one back all along, and the example decision plug-in vetoes it every time). A
+cluster-wide excluded period holds that
 first scale-up (an ``excluded`` decision, no reconfiguration); once the period ends, the
 arbiter takes a core back from the low-priority run by a planned scale-down (its key
 groups move first) and grants it in the same control step. Both runs' decisions say why; every run's output passes the verifier.
@@ -59,3 +61,11 @@ def test_a_rate_step_on_the_high_priority_run_takes_a_core_from_the_low_priority
     for name, row in rows.items():
         assert row["verified"], f"{name}: {row['verifier']} {row['problems']}\n{story}"
     assert rows["shares-mid"]["workers_held"] == [1], story  # nobody took the mid run's
+    # The low run's own controller (static-min) proposed 2 -> 1 at every step: the
+    # example plug-in vetoed each, on the live run, and said so.
+    vetoed = Decision.objects.filter(run=low, outcome="vetoed").first()
+    assert vetoed is not None and (vetoed.current_workers, vetoed.chosen_workers) == (2, 1), \
+        story
+    assert vetoed.outcome_message.startswith("plug-in quiet-hour-end: no scale-down in the "
+                                             "last 60 minutes of the hour"), story
+    assert low.events.filter(kind="held", message__contains="vetoed").exists(), story

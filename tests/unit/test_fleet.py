@@ -128,6 +128,9 @@ def test_violation_cost_is_the_relative_excess_and_saturation_reads_as_such() ->
     assert fleet.violation_cost(3.0, 2.0) == pytest.approx(0.5)
     assert fleet.violation_cost(None, 2.0) == fleet.SATURATED_COST
     assert fleet.violation_cost(float("inf"), 2.0) == fleet.SATURATED_COST
+    # More overloaded costs more: a core that halves the overload still saves.
+    assert fleet.violation_cost(None, 2.0, utilisation=2.0) == 2 * fleet.SATURATED_COST
+    assert fleet.violation_cost(None, 2.0, utilisation=0.99) == fleet.SATURATED_COST
     assert fleet.violation_cost(1.0, 2.0, throughput=50, floor=100, rate=200) == \
         pytest.approx(0.5)
 
