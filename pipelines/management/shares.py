@@ -47,6 +47,10 @@ HIGH_RPS = 900
 STEP_AT_S = 30
 WARMUP_BATCHES = 6
 SHARED_CORES = 4
+# The low and mid runs are batch-like: a loose bound, so that their own models see no
+# violation on one worker, however loaded the machine (a tight one made the low run's
+# loss weigh as much as the high run's gain on a busy machine, and the arbiter kept it).
+LOOSE_BOUND_MS = 60_000
 CONTROL_STEP_S = 1.0
 TRIGGER_MS = 500
 BOUND_MS = 5000
@@ -97,7 +101,8 @@ def prepare(user: Any) -> list[tuple[ShareRun, Pipeline, Policy]]:
             pipeline.description = f"{__name__}: {spec.name}"
             pipeline = actions.save_pipeline(pipeline, user)
         policy = Policy.objects.filter(name=spec.name).first() or Policy(name=spec.name)
-        values = {"latency_bound_ms": BOUND_MS, "power_budget_w": 40,
+        values = {"latency_bound_ms": BOUND_MS if spec.priority == 3 else LOOSE_BOUND_MS,
+                  "power_budget_w": 40,
                   "control_step_s": CONTROL_STEP_S, "min_workers": 1,
                   "initial_workers": spec.initial_workers, "max_workers": spec.max_workers,
                   "strategy": spec.strategy, "priority": spec.priority,
