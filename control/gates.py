@@ -7,21 +7,23 @@ gate on simulated time.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from control import fleet, plugins
 from control.controlloop import GateVerdict, Outcome
-from control.live import LiveDecision
+from control.live import LiveDecision, action_of
+
+log = logging.getLogger(__name__)
 
 
 def with_workers(decision: LiveDecision, workers: int) -> LiveDecision:
     """``decision`` with other workers (a plug-in's change, the arbiter's grant)."""
     chosen = {**decision.chosen, "workers": workers}
-    scale = workers != decision.current["workers"]
-    freq = decision.chosen["freq_ghz"] != decision.current["freq_ghz"]
-    action = "+".join(a for a, on in (("scale", scale), ("frequency", freq)) if on) or "hold"
+    action = action_of(decision.current["workers"], decision.current["freq_ghz"], workers,
+                       chosen["freq_ghz"])
     return dataclasses.replace(decision, chosen=chosen, action=action)
 
 
@@ -37,7 +39,6 @@ class PolicyGate:
     clock: Callable[[], float] = time.time
     min_workers: int = 1
     max_workers: int = 1_000_000
-    notes: list[str] = field(default_factory=list)  # plug-ins that failed, last review
 
     def review(self, decision: LiveDecision, acting: bool) -> GateVerdict | None:
         now = self.clock()
@@ -52,7 +53,8 @@ class PolicyGate:
             chosen_workers=chosen, current_freq_ghz=decision.current["freq_ghz"],
             chosen_freq_ghz=decision.chosen["freq_ghz"], action=decision.action,
             reason=decision.reason, inputs=decision.inputs))
-        self.notes = list(verdict.notes)
+        for note in verdict.notes:  # a failing plug-in passes the decision on: said here
+            log.warning("run %s: %s", self.run, note)
         if verdict.verdict is None:
             return None
         said = f"plug-in {verdict.plugin}: {verdict.verdict.reason}"

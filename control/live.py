@@ -165,6 +165,14 @@ class LiveDecision:
         return json_safe(asdict(self))
 
 
+def action_of(current_workers: int, current_ghz: float, workers: int, ghz: float) -> str:
+    """What a change of configuration is: scale, frequency, scale+frequency or hold."""
+    return "+".join(a for a, changed in (
+        ("scale", workers != current_workers),
+        ("frequency", not math.isclose(ghz, current_ghz, abs_tol=1e-6))) if changed) \
+        or "hold"
+
+
 def replan_target(workers: int, key_groups: int, limit: int = 1024) -> int:
     """The key groups a re-plan gives a run that wants ``workers`` but has fewer groups
     (a worker without a group idles): twice as many as now, at least the workers."""
@@ -846,11 +854,8 @@ class LiveController:
         solve_ms = (time.perf_counter() - started) * 1000.0
         self.last_prediction = dict(choice.predictions[0])
         alerts, violated = self._guard(obs, alerts)
-        action = "+".join(a for a, changed in (
-            ("scale", choice.chosen.workers != current.workers),
-            ("frequency", not math.isclose(choice.chosen.freq_ghz, current.freq_ghz,
-                                           abs_tol=1e-6)))
-            if changed) or "hold"
+        action = action_of(current.workers, current.freq_ghz, choice.chosen.workers,
+                           choice.chosen.freq_ghz)
         action, reason, rebalance = self._rebalance(ctx, action, choice.reason)
         if choice.chosen.workers > current.workers:
             self.transitions.scale_decided(records[-1]["t"], choice.chosen.workers)

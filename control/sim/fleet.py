@@ -36,7 +36,7 @@ import numpy as np
 from control import fleet, gates, plugins
 from control import sysmodel as sm
 from control.controlloop import Outcome
-from control.live import LiveDecision
+from control.live import LiveDecision, action_of
 from control.sim import build_controller, parse_scenario
 from control.sim import engine as en
 from control.sim.workloads import ScenarioError
@@ -164,9 +164,7 @@ def cost_curve(run: FleetRun, m: en.Measurement, freq_ghz: float) -> dict[int, f
 
 def _proposal(step: int, now: float, current: Config, chosen: Config, reason: str
               ) -> LiveDecision:
-    action = "+".join(a for a, on in (("scale", chosen.workers != current.workers),
-                                      ("frequency", chosen.freq_ghz != current.freq_ghz))
-                      if on) or "hold"
+    action = action_of(current.workers, current.freq_ghz, chosen.workers, chosen.freq_ghz)
     return LiveDecision(step=step, t=now, strategy="sim", inputs={},
                         chosen={"workers": chosen.workers, "freq_ghz": chosen.freq_ghz},
                         current={"workers": current.workers, "freq_ghz": current.freq_ghz},
