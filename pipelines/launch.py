@@ -15,7 +15,7 @@ from django.conf import settings
 
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.cluster import standalone as cluster
-from pipelines.runtime.host import secretfile
+from pipelines.runtime.host import priority, secretfile
 from pipelines.runtime.runner import standby as sb
 
 
@@ -54,6 +54,7 @@ def spawn_detached(args: list[str], log_path: Path, cwd: Path, env: dict[str, st
         try:
             os.close(read_fd)
             os.setsid()
+            priority.lower_session()  # the data plane's (host.priority), for the runner
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=cwd, env=env,

@@ -395,7 +395,7 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
     """Worker, beat, relay and daphne as separate processes on the test database."""
     from django.conf import settings
 
-    from pipelines.management.processes import QUIET_WORKER
+    from pipelines.management.processes import QUIET_WORKER, daphne_command
     from webapp.celery import app as celery_app
 
     with django_db_blocker.unblock():
@@ -424,8 +424,7 @@ def live_stack(django_db_setup: Any, django_db_blocker: Any,
         "beat": [py, "-m", "celery", "-A", "webapp", "beat", "-l", "info",
                  "-s", str(logs / "celerybeat-schedule")],
         "relay": [py, str(ROOT / "manage.py"), "relay"],
-        "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                "webapp.asgi:application"],
+        "web": daphne_command(port),
     }
     procs = []
     for name, args in commands.items():

@@ -145,7 +145,7 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 # redis-py 8 defaults socket_timeout to 5 s, exactly channels_redis' BZPOPMIN block
 # time: a consumer's read could time out as Redis answers and kill the WebSocket.
 CHANNEL_LAYERS = {"default": {
-    "BACKEND": "channels_redis.core.RedisChannelLayer",
+    "BACKEND": "webapp.channel_layer.RedisChannelLayer",
     "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": 30}], "prefix": "sw-asgi"},
 }}
 

@@ -17,6 +17,26 @@ from django.conf import settings
 QUIET_WORKER = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 
 
+# The product's processes that do the data plane's work (a Lab comparison simulates for
+# minutes on a core): started at its lower priority (pipelines.runtime.host.priority).
+DATA_PLANE = frozenset({"lab-worker"})
+
+
+# How long daphne lets a WebSocket's handshake and connect handler take before it drops
+# the socket (daphne's default: 5 s). Every page's socket reconnects at once after a
+# restart of daphne; their connect handlers (session, role, snapshot) queue for the
+# database's one thread, and at 1,000 sockets the later ones waited longer than 5 s and
+# were dropped, to reconnect into the same queue.
+WEBSOCKET_CONNECT_TIMEOUT_S = 120
+
+
+def daphne_command(port: int) -> list[str]:
+    """The web server (pages and WebSockets) on loopback ``port``."""
+    return [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+            "--websocket_connect_timeout", str(WEBSOCKET_CONNECT_TIMEOUT_S),
+            "webapp.asgi:application"]
+
+
 def product_processes(port: int, var: Path, worker_name: str = "streamwise@%h"
                       ) -> dict[str, list[str]]:
     """The product's long-running processes (web + WebSockets, the Celery workers of the
@@ -24,8 +44,7 @@ def product_processes(port: int, var: Path, worker_name: str = "streamwise@%h"
     starts the same."""
     py = sys.executable
     return {
-        "web": [py, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                "webapp.asgi:application"],
+        "web": daphne_command(port),
         "worker": [py, "-m", "celery", "-A", "webapp", "worker", "-l", "info",
                    *QUIET_WORKER, "-Q", settings.CONTROL_QUEUE, "--concurrency", "4",
                    "-n", worker_name],

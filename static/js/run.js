@@ -466,7 +466,9 @@
         return;
       }
       live.textContent = "reconnecting…";
-      setTimeout(connect, backoff);
+      // Jittered: after a restart of the server every open page reconnects, and spread
+      // over the backoff their connect handlers do not all queue at once.
+      setTimeout(connect, backoff * (0.5 + Math.random()));
       backoff = Math.min(backoff * 2, 10000);
     };
   }

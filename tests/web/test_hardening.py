@@ -453,6 +453,41 @@ def test_a_websocket_stops_pushing_to_a_user_logged_out_or_demoted(
     assert after == {"type": "websocket.close", "code": code}
 
 
+@pytest.mark.dbless
+def test_the_viewers_of_one_session_share_one_permission_read_per_recheck(
+        monkeypatch) -> None:
+    """A thousand tabs of one session cost one read of the session and role per
+    RECHECK_S, and the read's own time is what each socket counts from."""
+    import asyncio
+
+    from webapp import consumers
+
+    reads: list[tuple[str | None, int]] = []
+
+    async def counted(session_key: str | None, user_id: int) -> int | None:
+        reads.append((session_key, user_id))
+        await asyncio.sleep(0.05)  # a read under way: the others wait for it
+        return None if session_key == "good" else 4401
+
+    monkeypatch.setattr(consumers, "_still_allowed", counted)
+    monkeypatch.setattr(consumers, "_checks", {})
+    monkeypatch.setattr(consumers, "RECHECK_S", 0.3)
+
+    async def scenario() -> tuple[list, list, list]:
+        first = await asyncio.gather(*(consumers.allowed_now("good", 1) for _ in range(200)))
+        other = await asyncio.gather(consumers.allowed_now("gone", 2),
+                                     consumers.allowed_now("gone", 2))
+        await asyncio.sleep(0.35)
+        later = await asyncio.gather(*(consumers.allowed_now("good", 1) for _ in range(5)))
+        return first, other, later
+
+    first, other, later = run_async(scenario())
+    assert reads == [("good", 1), ("gone", 2), ("good", 1)]
+    assert {code for code, _at in first} == {None} and len({at for _c, at in first}) == 1
+    assert [code for code, _at in other] == [4401, 4401]
+    assert later[0][1] > first[0][1] + 0.3
+
+
 # -------------------------------------------------- the verifier on event_time filters
 @pytest.mark.dbless
 def test_the_verifier_computes_a_filter_on_event_time_and_is_not_none() -> None:

@@ -89,6 +89,46 @@ def test_websocket_receives_metrics_pushed_by_the_relay(operator) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_sockets_of_a_run_share_one_group_membership_per_process(operator) -> None:
+    """webapp.fanout: three pages of one run and one of another are two memberships of
+    the layer's groups, each push reaches every page of its run once and no other, and
+    the last page to close leaves the group."""
+    from channels.layers import get_channel_layer
+    from pipelines import actions
+    from pipelines.runtime import bus as busmod
+
+    one, other = _new_run(operator), _new_run(operator)
+    cookie = _session_cookie(operator)
+    r = busmod.connect(settings.REDIS_URL)
+    layer = get_channel_layer()
+    members = {run.pk: f"{layer.prefix}:group:{actions.group_name(run.pk)}"
+               for run in (one, other)}
+
+    async def scenario() -> tuple[dict, list, list, dict]:
+        comms = []
+        for run in (one, one, one, other):
+            comm = await _connect(f"/ws/runs/{run.pk}/", cookie)
+            assert (await comm.connect(timeout=10))[0]
+            await comm.receive_json_from(timeout=10)  # the snapshot
+            comms.append(comm)
+        joined = {pk: r.zcard(key) for pk, key in members.items()}
+        await layer.group_send(actions.group_name(one.pk),
+                               {"type": "run.status", "run": {"id": one.pk, "n": 1}})
+        got = [await comm.receive_json_from(timeout=10) for comm in comms[:3]]
+        nothing = [await comms[3].receive_nothing(timeout=0.5)]
+        for comm in comms:
+            await comm.disconnect()
+        left = {pk: r.zcard(key) for pk, key in members.items()}
+        return joined, got, nothing, left
+
+    joined, got, nothing, left = run_async(scenario())
+    assert joined == {one.pk: 1, other.pk: 1}
+    assert got == [{"kind": "status", "run": {"id": one.pk, "n": 1}}] * 3
+    assert nothing == [True]
+    assert left == {one.pk: 0, other.pk: 0}
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.both_engines  # a read beside a write: isolation
 def test_a_change_pushed_while_the_snapshot_is_read_reaches_the_page(
         operator, monkeypatch) -> None:

@@ -21,21 +21,17 @@ p95 and the ratios, and exits non-zero when a run was lost or a status was stale
 """
 from __future__ import annotations
 
-import asyncio
-import json
 import statistics
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.test import Client
 
 from control.models import Policy
 from pipelines import actions, launch
-from pipelines.management.benchkit import bench_operator, start_product, wait_ended
+from pipelines.management.benchkit import (Viewers, bench_operator, percentile,
+                                           session_headers, start_product, wait_ended)
 from pipelines.models import MetricSample, Pipeline, Run
 
 # A keyed count at a low constant rate, one micro-batch every 5 s: the load is the runs'
@@ -52,70 +48,6 @@ LOAD_DEFINITION: dict[str, Any] = {
 }
 STALE_S = 30.0  # a chart this far behind its runner is frozen
 SAMPLE_EVERY_S = 5.0
-
-
-@dataclass
-class Viewer:
-    """One WebSocket viewer of a run page: what it received, and when."""
-
-    latencies_ms: list[float] = field(default_factory=list)
-    batches: set[int] = field(default_factory=set)
-    errors: list[str] = field(default_factory=list)
-
-
-async def _watch(url: str, headers: dict[str, str], viewer: Viewer,
-                 until: threading.Event) -> None:
-    import websockets
-
-    try:
-        async with websockets.connect(url, additional_headers=headers,
-                                      max_size=2 ** 24) as socket:
-            while not until.is_set():
-                try:
-                    raw = await asyncio.wait_for(socket.recv(), timeout=1.0)
-                except TimeoutError:
-                    continue
-                received = time.time()
-                message = json.loads(raw)
-                if message.get("kind") != "metrics":
-                    continue
-                for sample in message["samples"]:
-                    viewer.batches.add(int(sample["batch_id"]))
-                    if sample.get("written_at"):
-                        viewer.latencies_ms.append((received - sample["written_at"]) * 1000)
-    except Exception as exc:  # noqa: BLE001 - reported as the viewer's failure
-        viewer.errors.append(f"{type(exc).__name__}: {exc}")
-
-
-class Viewers:
-    """``count`` WebSocket connections to one run page, on a thread of their own."""
-
-    def __init__(self, url: str, headers: dict[str, str], count: int) -> None:
-        self.viewers = [Viewer() for _ in range(count)]
-        self.until = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(url, headers), daemon=True)
-
-    def _run(self, url: str, headers: dict[str, str]) -> None:
-        async def main() -> None:
-            await asyncio.gather(*(_watch(url, headers, v, self.until) for v in self.viewers))
-
-        asyncio.run(main())
-
-    def __enter__(self) -> Viewers:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.until.set()
-        self.thread.join(timeout=30)
-
-    def latencies(self) -> list[float]:
-        return [ms for v in self.viewers for ms in v.latencies_ms]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Command(BaseCommand):
@@ -150,10 +82,7 @@ class Command(BaseCommand):
         port = product.port
         runs: list[Run] = []
         try:
-            client = Client()
-            client.force_login(user)  # a session in the database, as a login makes one
-            headers = {"Cookie": f"sessionid={client.cookies['sessionid'].value}",
-                       "Origin": f"http://127.0.0.1:{port}"}
+            headers = session_headers(user, port)
             runs.append(self._start(pipeline, policy, user))
             self._wait_running(runs)
             url = f"ws://127.0.0.1:{port}/ws/runs/{runs[0].pk}/"
@@ -250,8 +179,8 @@ class Command(BaseCommand):
         short = [i for i, v in enumerate(viewers) if not every <= v.batches]
         if not loaded:
             raise CommandError(f"no viewer received a sample ({errors[:3]})")
-        med, p95 = statistics.median(loaded), _percentile(loaded, 0.95)
-        bmed, bp95 = statistics.median(base), _percentile(base, 0.95)
+        med, p95 = statistics.median(loaded), percentile(loaded, 0.95)
+        bmed, bp95 = statistics.median(base), percentile(base, 0.95)
         self.stdout.write(
             f"push latency runner -> viewer under load, {len(viewers)} viewers, "
             f"{len(loaded)} pushes: median {med:.1f} ms, p95 {p95:.1f} ms, "

@@ -44,6 +44,7 @@ from pathlib import Path
 import pyspark
 
 from pipelines.runtime.cluster import classarchive
+from pipelines.runtime.host import priority
 from pipelines.runtime.host.secretfile import make_once
 
 HOST = "127.0.0.1"
@@ -174,8 +175,12 @@ def _daemon_properties(workdir: Path, secret_path: Path) -> Path:
 def _spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
     log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "ab")
-    return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
+    proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
+    # The data plane's priority (host.priority): a session's, so the executors the
+    # worker forks have it too.
+    priority.lower_session_of(proc.pid)
+    return proc
 
 
 def _daemon_env(workdir: Path, host: str) -> dict[str, str]:
