@@ -122,6 +122,9 @@ def launch_standby(master: str) -> tuple[str, int]:
     pid = spawn_detached([sys.executable, "-m", RUNNER_MODULE, "--standby",
                           str(work / "standby.json")], work / "standby.log",
                          Path(settings.BASE_DIR), _runner_env())
+    # Its pid at once (it sets the same itself once its Python is up): a stop of the
+    # product meanwhile finds it (stop_standbys).
+    r.set(sb.alive_key(standby_id), pid, ex=60)
     return standby_id, pid
 
 
@@ -193,12 +196,33 @@ def stop_standbys() -> int:
         raw_pid = r.get(sb.alive_key(standby_id))
         if raw_pid and raw_pid.isdigit() and int(raw_pid):
             pids.add(int(raw_pid))
+    pids |= standby_pids_here()
     stopped = 0
     for pid in pids:
         if process_state(pid) == "alive":
             os.kill(pid, signal.SIGTERM)
             stopped += 1
     return stopped
+
+
+def standby_pids_here() -> set[int]:
+    """The standby runners on this machine started for this product: their command line
+    names a config under STANDBY_ROOT. One just spawned has not yet said its pid on
+    Redis, and a stop must not miss it (it would wait for a cluster that is gone)."""
+    roots = {str(Path(settings.STANDBY_ROOT)), str(Path(settings.STANDBY_ROOT).resolve())}
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = [a.decode(errors="replace")
+                    for a in (entry / "cmdline").read_bytes().split(b"\0")]
+        except OSError:
+            continue
+        if (RUNNER_MODULE in args and "--standby" in args
+                and any(a.startswith(root + os.sep) for a in args for root in roots)):
+            found.add(int(entry.name))
+    return found
 
 
 def process_state(pid: int | None) -> str:
