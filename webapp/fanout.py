@@ -63,29 +63,46 @@ class RunFeed:
             log.warning("leaving %s failed", self.group, exc_info=True)
 
     async def _read(self) -> None:
-        loop = asyncio.get_running_loop()
-        renew_at = loop.time() + RENEW_S
-        while True:
-            try:
-                if loop.time() >= renew_at:
-                    await self.layer.group_add(self.group, self.channel)
-                    renew_at = loop.time() + RENEW_S
-                message = await asyncio.wait_for(self.layer.receive(self.channel),
-                                                 timeout=RENEW_S)
-            except asyncio.TimeoutError:
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # Redis away: read again, joining again first
-                log.warning("reading %s failed; joining again", self.group, exc_info=True)
-                await asyncio.sleep(RETRY_S)
-                renew_at = loop.time()
-                continue
-            for socket in list(self.sockets):
+        # No asyncio.wait_for around the read: on Python 3.11 it returns the inner
+        # result when its own cancellation meets a read that has just finished, and a
+        # feed that lives on past its loop's end holds that end for ever (seen as a
+        # test's event loop that never closed).
+        renewing = asyncio.ensure_future(self._renew())
+        try:
+            while True:
                 try:
-                    await socket.deliver(message)
-                except Exception:  # one socket's failure is not the others'
-                    log.warning("a push to a viewer of %s failed", self.group, exc_info=True)
+                    message = await self.layer.receive(self.channel)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # Redis away: read again, joining again first
+                    log.warning("reading %s failed; joining again", self.group,
+                                exc_info=True)
+                    await asyncio.sleep(RETRY_S)
+                    await self._join()
+                    continue
+                for socket in list(self.sockets):
+                    try:
+                        await socket.deliver(message)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:  # one socket's failure is not the others'
+                        log.warning("a push to a viewer of %s failed", self.group,
+                                    exc_info=True)
+        finally:
+            renewing.cancel()
+
+    async def _join(self) -> None:
+        try:
+            await self.layer.group_add(self.group, self.channel)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the next renewal or read tries again
+            log.warning("joining %s failed", self.group, exc_info=True)
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(RENEW_S)
+            await self._join()
 
 
 class Feeds:
