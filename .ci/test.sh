@@ -63,13 +63,6 @@ join_alone_group() {  # the calling (sub)shell, and all it starts from now on
 redis_base=${TEST_REDIS_URL:-redis://127.0.0.1:6379/14}
 export STREAMWISE_DATA_ROOT=${STREAMWISE_DATA_ROOT:-$PWD/../shared/data}
 export SECRET_KEY=test-only
-# The data plane at the control plane's priority here (pipelines/runtime/host/priority.py
-# lowers it to nice 5 in the product): beside the suite's Spark the processes at nice 0
-# are not a control plane but the tests' own work (pytest's reference computations,
-# Chromium drawing charts), and ahead of Spark they only moved the suite's time from the
-# one to the other (docs/benchmarks.md, 2026-12-07, fifteenth session). The priority's
-# own tests (tests/unit/test_priority.py) set it explicitly.
-export STREAMWISE_DATA_PLANE_NICE=${STREAMWISE_DATA_PLANE_NICE:-0}
 pytest=(.venv/bin/python -m pytest --durations=25)
 
 status=0
