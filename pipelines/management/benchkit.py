@@ -44,8 +44,7 @@ def start_logged(commands: dict[str, list[str]], logs: Path,
                  env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     """Start each command in its own session (so that it can be ended as a group),
     its output in ``logs/<name>.log``."""
-    from pipelines.management.processes import DATA_PLANE
-    from pipelines.runtime.host import priority
+    from pipelines.management.processes import set_priority
 
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -54,8 +53,7 @@ def start_logged(commands: dict[str, list[str]], logs: Path,
                                       stdout=open(logs / f"{name}.log", "wb"),
                                       stderr=subprocess.STDOUT,
                                       env=dict(os.environ, **(env or {}))))
-        if name in DATA_PLANE:
-            priority.lower_session_of(procs[-1].pid)
+        set_priority(name, procs[-1].pid)
     return procs
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from pipelines.runtime.host import priority
+
 
 # Celery workers without the event traffic between them: gossip (each worker follows the
 # others' heartbeats), mingle (a start-up exchange of revoked task ids) and worker
@@ -20,6 +22,13 @@ QUIET_WORKER = ("--without-gossip", "--without-mingle", "--without-heartbeat")
 # The product's processes that do the data plane's work (a Lab comparison simulates for
 # minutes on a core): started at its lower priority (pipelines.runtime.host.priority).
 DATA_PLANE = frozenset({"lab-worker"})
+
+
+def set_priority(name: str, pid: int) -> None:
+    """The priority of product process ``name``, just started as ``pid`` in a session of
+    its own: lowered if it is data plane (DATA_PLANE)."""
+    if name in DATA_PLANE:
+        priority.lower_session_of(pid)
 
 
 # How long daphne lets a WebSocket's handshake and connect handler take before it drops

@@ -26,11 +26,11 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from pipelines import launch
-from pipelines.management.processes import DATA_PLANE, end_on_sigterm, product_processes
+from pipelines.management.processes import end_on_sigterm, product_processes, set_priority
 from pipelines.runtime import bus as busmod
 from pipelines.runtime.runner import calibration
 from pipelines.runtime.cluster import standalone as cluster
-from pipelines.runtime.host import priority, secretfile
+from pipelines.runtime.host import secretfile
 from pipelines.runtime.spec.definition import ELASTIC_STREAM_DEFINITION
 from pipelines.runtime.runner.harness import HarnessError
 
@@ -236,8 +236,7 @@ class Command(BaseCommand):
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
                                 cwd=settings.BASE_DIR, start_new_session=True,
                                 env={**os.environ, **(env or {})})
-        if name in DATA_PLANE:
-            priority.lower_session_of(proc.pid)
+        set_priority(name, proc.pid)
         self.procs.append((name, proc))
 
     def _watch(self) -> None:
