@@ -134,9 +134,9 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         session and role again if the last check is older than RECHECK_S: the
         snapshot's permission is not for ever.
 
-        The channel layer hands one group message to every socket of this process as
-        the same object (channels_redis unpacks it once): its text is encoded once and
-        kept on it, not once per viewer."""
+        The run's feed (webapp.fanout) hands one group message to every socket of this
+        process on the run as the same object: its text is encoded once and kept on it,
+        not once per viewer."""
         if time.monotonic() - self.checked_at >= RECHECK_S:
             code, checked_at = await allowed_now(self.session_key, self.user_id)
             if code is not None:
